@@ -1,0 +1,62 @@
+# Entry points (see README.md):
+#   make test      fresh machine: venv, pinned install, build, apply, test suite
+#   make bench     fresh machine with a Hopper GPU: same set-up, then benchmarks
+#   make gpu-test  machine that already has torch + CUDA (no package index):
+#                  build in place, GPU tests and benchmarks, installs nothing
+PYTHON ?= python3
+VENV ?= .venv
+VPY := $(VENV)/bin/python
+JOBS ?= $(shell nproc)
+PYTEST_ARGS ?=
+BENCH_ARGS ?=
+
+.PHONY: test bench gpu-test venv build build-venv apply check lint clean
+
+now = $$(date +%s)
+
+test: venv
+	@t0=$(now); $(MAKE) --no-print-directory build-venv; \
+	  echo "[time] build: $$(( $(now) - t0 )) s"
+	@$(MAKE) --no-print-directory apply check
+	@t0=$(now); $(VPY) -m pytest tests -q $(PYTEST_ARGS); rc=$$?; \
+	  echo "[time] tests: $$(( $(now) - t0 )) s"; exit $$rc
+
+bench: venv
+	@$(VPY) benchmarks/kernels/check_hopper.py
+	@$(MAKE) --no-print-directory build-venv apply
+	$(VPY) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
+	$(VPY) benchmarks/render_results.py
+
+venv:
+	@t0=$(now); \
+	  test -x $(VPY) || $(PYTHON) -m venv $(VENV); \
+	  $(VPY) -m pip install -q --upgrade pip && \
+	  $(VPY) -m pip install -q -r requirements/test.txt && \
+	  echo "[time] install: $$(( $(now) - t0 )) s"
+
+build-venv:
+	@PATH="$(abspath $(VENV))/bin:$$PATH" $(MAKE) --no-print-directory build PYTHON=$(abspath $(VPY))
+
+# Configure once, then ninja rebuilds only what changed.
+build:
+	cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DHPC_PYTHON=$(PYTHON)
+	cmake --build build -j $(JOBS)
+
+apply:
+	$(VPY) tools/apply_patchset.py
+
+check:
+	$(VPY) tools/apply_patchset.py --check
+
+gpu-test:
+	$(MAKE) --no-print-directory build
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest tests/kernels -q -m gpu $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
+	$(PYTHON) benchmarks/render_results.py
+
+lint:
+	$(VPY) -m ruff check . && $(VPY) -m ruff format --check .
+	clang-format --dry-run -Werror $$(git ls-files 'csrc/*.cu' 'csrc/*.cuh' 'csrc/*.cpp' 'csrc/*.h')
+
+clean:
+	rm -rf build vllm/_hpc_C*.so

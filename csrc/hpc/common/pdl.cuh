@@ -1,0 +1,46 @@
+// Programmatic dependent launch (PDL).
+//
+// A kernel launched with `launch_with_pdl` may start while the previous kernel
+// in the stream is still draining. It must call `pdl_wait_for_producer()`
+// before it reads anything the producer wrote, and calls
+// `pdl_launch_dependents()` as soon as the next kernel may begin its own
+// prologue (the dependent still waits for this grid's memory to be visible in
+// its own `pdl_wait_for_producer()`).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/cuda_check.h"
+
+namespace hpc {
+
+__device__ __forceinline__ void pdl_wait_for_producer() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... KernelArgs, typename... Args>
+void launch_with_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                     size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  HPC_CUDA_CHECK(
+      cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+}  // namespace hpc

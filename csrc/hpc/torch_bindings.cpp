@@ -1,0 +1,28 @@
+// Operator schemas of the _hpc_C library. Mutated arguments are marked
+// `Tensor(x!)` so functionalization and torch.compile know what each op
+// writes. The Python module stub exists only so the shared object can be
+// imported as a limited-API extension; the ops are reached through
+// torch.ops._hpc_C.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(_hpc_C, m) {
+  m.def(
+      "rope_norm_store_kv(Tensor qkv, Tensor positions, Tensor slot_mapping, "
+      "Tensor cos_sin_cache, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+      "Tensor(c!) q_out, Tensor(d!)? q_scale, Tensor? q_norm_weight, "
+      "Tensor? k_norm_weight, Tensor? k_scale, Tensor? v_scale, float eps, "
+      "int norm_policy, bool is_neox) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
+  m.impl("rope_norm_store_kv", &hpc::rope_norm_store_kv);
+}
+
+extern "C" PyObject* PyInit__hpc_C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hpc_C", nullptr, 0,
+                               nullptr};
+  return PyModule_Create(&module);
+}

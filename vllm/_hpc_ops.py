@@ -1,0 +1,438 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Typed Python entry points of the ``_hpc_C`` kernels.
+
+One function per kernel entry point. Every function validates its inputs and
+raises ``ValueError`` naming the offending argument and the accepted values
+before anything reaches the kernels, which only ``TORCH_CHECK`` internal
+invariants. Fake (meta) implementations are registered so the ops trace under
+``torch.compile`` and ``FakeTensor``.
+
+This module imports torch only: it must work on a machine that has the
+compiled library but no vLLM installation.
+"""
+
+from __future__ import annotations
+
+import enum
+import glob
+import os
+
+import torch
+
+__all__ = [
+    "QkNormPolicy",
+    "SUPPORTED_BLOCK_SIZES",
+    "SUPPORTED_HEAD_SIZES",
+    "hpc_ops_available",
+    "rope_norm_store_kv",
+]
+
+SUPPORTED_HEAD_SIZES = (64, 128, 256)
+SUPPORTED_BLOCK_SIZES = (16, 32, 64)
+MAX_GQA_RATIO = 16
+FP8_E4M3_MAX = 448.0
+
+_ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class QkNormPolicy(enum.IntEnum):
+    """Order of the per-head QK-RMSNorm relative to RoPE.
+
+    The integer values are passed to the kernel unchanged.
+    """
+
+    NONE = 0
+    ROPE_THEN_NORM = 1
+    NORM_THEN_ROPE = 2
+
+
+def _library_path() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = sorted(glob.glob(os.path.join(here, "_hpc_C*.so")))
+    return candidates[0] if candidates else None
+
+
+def _load_library() -> bool:
+    if hasattr(torch.ops, "_hpc_C") and hasattr(torch.ops._hpc_C, "rope_norm_store_kv"):
+        return True
+    path = _library_path()
+    if path is None:
+        return False
+    try:
+        torch.ops.load_library(path)
+    except OSError:
+        return False
+    return True
+
+
+_LIBRARY_LOADED = _load_library()
+
+
+def hpc_ops_available() -> bool:
+    """True when the compiled ``_hpc_C`` library is loaded."""
+    return _LIBRARY_LOADED
+
+
+def _require_library() -> None:
+    if not _LIBRARY_LOADED:
+        raise RuntimeError(
+            "vllm._hpc_C is not built or could not be loaded; build it with "
+            "`make build` (see README.md)"
+        )
+
+
+# ---------------------------------------------------------------------------
+# Validation helpers: each raises ValueError naming the argument.
+# ---------------------------------------------------------------------------
+
+
+def _names(dtypes: tuple[torch.dtype, ...]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def _check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]):
+    if t.dtype not in allowed:
+        raise ValueError(
+            f"{name} has dtype {t.dtype}; accepted dtypes: {_names(allowed)}"
+        )
+
+
+def _check_ndim(name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+    if t.dim() != ndim:
+        raise ValueError(
+            f"{name} must be {ndim}-D {layout}, got shape {tuple(t.shape)}"
+        )
+
+
+def _check_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}; expected {device} like qkv")
+
+
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    # Kernels move 16-byte vectors. Fake and meta tensors have no address.
+    if t.device.type == "meta" or type(t).__name__ == "FakeTensor":
+        return
+    if t.data_ptr() % 16 != 0:
+        raise ValueError(f"{name} must start on a 16-byte boundary")
+
+
+def _check_contiguous(name: str, t: torch.Tensor) -> None:
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+# ---------------------------------------------------------------------------
+# rope_norm_store_kv: fused QK-RMSNorm + RoPE + KV-cache write (+ FP8 quant)
+# ---------------------------------------------------------------------------
+
+
+def _validate_rope_norm(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    q_out: torch.Tensor,
+    q_scale: torch.Tensor | None,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    eps: float,
+    norm_policy: int,
+) -> None:
+    for name, t in (
+        ("qkv", qkv),
+        ("positions", positions),
+        ("slot_mapping", slot_mapping),
+        ("cos_sin_cache", cos_sin_cache),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("q_out", q_out),
+    ):
+        _check_tensor(name, t)
+
+    _check_ndim("qkv", qkv, 2, "[num_tokens, (Hq + 2 * Hkv) * head_size]")
+    _check_dtype("qkv", qkv, _ACTIVATION_DTYPES)
+    if qkv.stride(-1) != 1:
+        raise ValueError(f"qkv must have a unit last-dim stride, got {qkv.stride()}")
+    device = qkv.device
+    num_tokens = qkv.shape[0]
+
+    _check_ndim("key_cache", key_cache, 4, "[num_blocks, block_size, Hkv, head_size]")
+    _check_ndim(
+        "value_cache", value_cache, 4, "[num_blocks, block_size, Hkv, head_size]"
+    )
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(
+            f"key_cache shape {tuple(key_cache.shape)} and value_cache shape "
+            f"{tuple(value_cache.shape)} must match"
+        )
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(
+            f"head_size (key_cache.shape[-1]) is {head_size}; accepted: "
+            f"{SUPPORTED_HEAD_SIZES}"
+        )
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(
+            f"block_size (key_cache.shape[1]) is {block_size}; accepted: "
+            f"{SUPPORTED_BLOCK_SIZES}"
+        )
+    cache_dtypes = (*_ACTIVATION_DTYPES, torch.float8_e4m3fn)
+    _check_dtype("key_cache", key_cache, cache_dtypes)
+    if value_cache.dtype != key_cache.dtype:
+        raise ValueError(
+            f"value_cache dtype {value_cache.dtype} must equal key_cache dtype "
+            f"{key_cache.dtype}"
+        )
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        _check_device(name, t, device)
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must have a unit head_size stride, got strides {t.stride()}"
+            )
+        if any(s % 8 for s in t.stride()[:3]):
+            raise ValueError(
+                f"{name} strides {t.stride()} must be multiples of 8 elements "
+                "(16-byte aligned rows)"
+            )
+    cache_is_fp8 = key_cache.dtype == torch.float8_e4m3fn
+    if cache_is_fp8:
+        for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if t is None:
+                raise ValueError(f"{name} is required when the KV cache is FP8")
+            _check_tensor(name, t)
+            if t.numel() != 1 or t.dtype != torch.float32:
+                raise ValueError(
+                    f"{name} must be a float32 tensor with one element, got "
+                    f"shape {tuple(t.shape)} dtype {t.dtype}"
+                )
+            _check_device(name, t, device)
+    elif key_cache.dtype != qkv.dtype:
+        raise ValueError(
+            f"key_cache dtype {key_cache.dtype} must equal qkv dtype {qkv.dtype} "
+            "or be float8_e4m3fn"
+        )
+
+    _check_ndim("q_out", q_out, 3, "[num_tokens, Hq, head_size]")
+    num_q_heads = q_out.shape[1]
+    if q_out.shape[0] != num_tokens or q_out.shape[2] != head_size:
+        raise ValueError(
+            f"q_out shape {tuple(q_out.shape)} must be [{num_tokens}, Hq, {head_size}]"
+        )
+    if num_q_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"Hq (q_out.shape[1]) = {num_q_heads} must be a multiple of Hkv "
+            f"(key_cache.shape[2]) = {num_kv_heads}"
+        )
+    if num_q_heads // num_kv_heads > MAX_GQA_RATIO:
+        raise ValueError(
+            f"Hq / Hkv = {num_q_heads // num_kv_heads}; accepted: 1..{MAX_GQA_RATIO}"
+        )
+    expected_width = (num_q_heads + 2 * num_kv_heads) * head_size
+    if qkv.shape[1] != expected_width:
+        raise ValueError(
+            f"qkv.shape[1] is {qkv.shape[1]}; expected (Hq + 2 * Hkv) * head_size "
+            f"= ({num_q_heads} + 2 * {num_kv_heads}) * {head_size} = "
+            f"{expected_width}"
+        )
+    if qkv.stride(0) % 8 != 0:
+        raise ValueError(f"qkv row stride {qkv.stride(0)} must be a multiple of 8")
+    _check_dtype("q_out", q_out, (qkv.dtype, torch.float8_e4m3fn))
+    _check_device("q_out", q_out, device)
+    _check_contiguous("q_out", q_out)
+    if q_out.dtype == torch.float8_e4m3fn:
+        if q_scale is None:
+            raise ValueError("q_scale is required when q_out is float8_e4m3fn")
+        _check_tensor("q_scale", q_scale)
+        if (
+            q_scale.dtype != torch.float32
+            or q_scale.dim() != 2
+            or q_scale.shape[0] < num_tokens
+            or q_scale.shape[1] != num_q_heads
+        ):
+            raise ValueError(
+                f"q_scale must be float32 [>= {num_tokens}, {num_q_heads}], got "
+                f"shape {tuple(q_scale.shape)} dtype {q_scale.dtype}"
+            )
+        _check_device("q_scale", q_scale, device)
+        _check_contiguous("q_scale", q_scale)
+    elif q_scale is not None:
+        raise ValueError("q_scale must be None unless q_out is float8_e4m3fn")
+
+    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+        _check_ndim(name, t, 1, "[num_tokens]")
+        _check_dtype(name, t, _INDEX_DTYPES)
+        _check_device(name, t, device)
+        _check_contiguous(name, t)
+        if t.shape[0] < num_tokens:
+            raise ValueError(
+                f"{name} has {t.shape[0]} entries; needs at least num_tokens = "
+                f"{num_tokens}"
+            )
+
+    _check_ndim("cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
+    _check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32, *_ACTIVATION_DTYPES))
+    _check_device("cos_sin_cache", cos_sin_cache, device)
+    _check_contiguous("cos_sin_cache", cos_sin_cache)
+    rotary_dim = cos_sin_cache.shape[1]
+    if rotary_dim % 16 != 0 or not 16 <= rotary_dim <= head_size:
+        raise ValueError(
+            f"rotary_dim (cos_sin_cache.shape[1]) is {rotary_dim}; accepted: a "
+            f"multiple of 16 in [16, head_size = {head_size}]"
+        )
+
+    for name, t in (
+        ("qkv", qkv),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("q_out", q_out),
+        ("cos_sin_cache", cos_sin_cache),
+    ):
+        _check_aligned(name, t)
+
+    try:
+        policy = QkNormPolicy(norm_policy)
+    except ValueError:
+        raise ValueError(
+            f"norm_policy is {norm_policy!r}; accepted: "
+            f"{[int(p) for p in QkNormPolicy]} ({', '.join(QkNormPolicy.__members__)})"
+        ) from None
+    if policy != QkNormPolicy.NONE:
+        for name, w in (
+            ("q_norm_weight", q_norm_weight),
+            ("k_norm_weight", k_norm_weight),
+        ):
+            if w is None:
+                raise ValueError(
+                    f"{name} is required when norm_policy is {policy.name}"
+                )
+            _check_tensor(name, w)
+            if w.shape != (head_size,):
+                raise ValueError(
+                    f"{name} must have shape ({head_size},), got {tuple(w.shape)}"
+                )
+            _check_dtype(name, w, (torch.float32, qkv.dtype))
+            _check_device(name, w, device)
+            _check_contiguous(name, w)
+            _check_aligned(name, w)
+        if q_norm_weight.dtype != k_norm_weight.dtype:
+            raise ValueError(
+                f"q_norm_weight dtype {q_norm_weight.dtype} must equal "
+                f"k_norm_weight dtype {k_norm_weight.dtype}"
+            )
+        if not eps > 0.0:
+            raise ValueError(f"eps must be positive, got {eps}")
+
+
+def rope_norm_store_kv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    q_out: torch.Tensor,
+    *,
+    q_scale: torch.Tensor | None = None,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    norm_policy: int = QkNormPolicy.NONE,
+    is_neox: bool = True,
+) -> None:
+    """Fused attention prologue in one launch.
+
+    For each token ``t`` of ``qkv`` (``[T, (Hq + 2 * Hkv) * D]``, Q heads then
+    K heads then V heads):
+
+    * optional per-head RMSNorm of Q and K (``q_norm_weight``/``k_norm_weight``,
+      ``eps``), before or after RoPE as ``norm_policy`` says;
+    * RoPE at ``positions[t]`` from vLLM's ``cos_sin_cache``
+      (``[max_position, rotary_dim]``, cos then sin halves), NeoX or GPT-J style
+      (``is_neox``), rotating the first ``rotary_dim`` channels;
+    * K and V written into ``key_cache``/``value_cache`` at slot
+      ``slot_mapping[t]`` (``block = slot // block_size``, offset
+      ``slot % block_size``); negative slots are padding and skipped. The
+      caches are ``[num_blocks, block_size, Hkv, D]`` views with any strides
+      (unit stride over ``D``); FP8-E4M3 caches store ``value / k_scale``
+      (``v_scale``);
+    * Q written to ``q_out`` (``[T, Hq, D]``) in the model dtype, or as
+      FP8-E4M3 with per-token-per-head scales ``amax / 448`` stored in
+      ``q_scale[t, h]``.
+
+    No host synchronisation and no allocation: safe to capture in CUDA graphs.
+    """
+    _validate_rope_norm(
+        qkv,
+        positions,
+        slot_mapping,
+        cos_sin_cache,
+        key_cache,
+        value_cache,
+        q_out,
+        q_scale,
+        q_norm_weight,
+        k_norm_weight,
+        k_scale,
+        v_scale,
+        eps,
+        int(norm_policy),
+    )
+    _require_library()
+    if int(norm_policy) == QkNormPolicy.NONE:
+        q_norm_weight = k_norm_weight = None
+    torch.ops._hpc_C.rope_norm_store_kv(
+        qkv,
+        positions,
+        slot_mapping,
+        cos_sin_cache,
+        key_cache,
+        value_cache,
+        q_out,
+        q_scale,
+        q_norm_weight,
+        k_norm_weight,
+        k_scale,
+        v_scale,
+        float(eps),
+        int(norm_policy),
+        bool(is_neox),
+    )
+
+
+if _LIBRARY_LOADED:
+
+    @torch.library.register_fake("_hpc_C::rope_norm_store_kv")
+    def _rope_norm_store_kv_fake(
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        q_out: torch.Tensor,
+        q_scale: torch.Tensor | None,
+        q_norm_weight: torch.Tensor | None,
+        k_norm_weight: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        eps: float,
+        norm_policy: int,
+        is_neox: bool,
+    ) -> None:
+        # All outputs are mutated in place; nothing is returned.
+        return None
