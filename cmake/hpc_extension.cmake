@@ -23,22 +23,16 @@ endif()
 # libraries, its C++ ABI, the Python headers and the CUTLASS headers.
 execute_process(
   COMMAND "${HPC_PYTHON}" -c "
-import os, sysconfig, torch
+import importlib.util, os, sysconfig, torch
 torch_dir = os.path.dirname(torch.__file__)
 print(os.path.join(torch_dir, 'include'))
 print(os.path.join(torch_dir, 'lib'))
 print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(sysconfig.get_paths()['include'])
-try:
-    import cutlass_library
-    print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))
-except ImportError:
-    print('')
-try:
-    import nvidia
-    print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'include'))
-except ImportError:
-    print('')
+spec = importlib.util.find_spec('cutlass_library')
+print(os.path.join(list(spec.submodule_search_locations)[0], 'source') if spec else '')
+spec = importlib.util.find_spec('nvidia')
+print(os.path.join(list(spec.submodule_search_locations)[0], 'cu13', 'include') if spec else '')
 "
   OUTPUT_VARIABLE _hpc_py_out
   RESULT_VARIABLE _hpc_py_rc
