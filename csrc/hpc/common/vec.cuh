@@ -39,14 +39,20 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
   return __float2half_rn(x);
 }
 
+// Converts 8 16-bit elements already in registers to floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const T* elems,
+                                        float (&dst)[kVecElems]) {
+  static_assert(sizeof(T) == 2, "unpack8 expects a 16-bit type");
+#pragma unroll
+  for (int i = 0; i < kVecElems; ++i) dst[i] = to_float(elems[i]);
+}
+
 // Loads 8 contiguous 16-bit elements (one 16-byte transaction) as floats.
 template <typename T>
 __device__ __forceinline__ void load8(const T* src, float (&dst)[kVecElems]) {
-  static_assert(sizeof(T) == 2, "load8 expects a 16-bit type");
-  uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const T* elems = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < kVecElems; ++i) dst[i] = to_float(elems[i]);
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  unpack8(reinterpret_cast<const T*>(&raw), dst);
 }
 
 // Loads 8 contiguous elements of a runtime-selected type (fp32 or 16-bit).

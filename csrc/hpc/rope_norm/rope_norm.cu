@@ -15,17 +15,21 @@ namespace hpc {
 
 namespace {
 
+// Heads each lane group handles: two independent 16-byte loads in flight per
+// thread hide HBM latency better than one, at a modest register cost.
+constexpr int kItemsPerGroup = 2;
+
 template <typename T, int kHeadDim>
 void launch_typed(const RopeNormParams& params, cudaStream_t stream) {
-  constexpr int kGroupsPerBlock =
-      rope_norm::kThreadsPerBlock / (kHeadDim / kVecElems);
+  constexpr int kItemsPerBlock =
+      rope_norm::kThreadsPerBlock / (kHeadDim / kVecElems) * kItemsPerGroup;
   const int64_t items = static_cast<int64_t>(params.num_tokens) *
                         (params.num_q_heads + 2 * params.num_kv_heads);
-  const int64_t blocks = (items + kGroupsPerBlock - 1) / kGroupsPerBlock;
+  const int64_t blocks = (items + kItemsPerBlock - 1) / kItemsPerBlock;
   if (blocks == 0) return;
   if (blocks > INT32_MAX)
     throw std::invalid_argument("rope_norm: too many tokens");
-  launch_with_pdl(rope_norm::rope_norm_kernel<T, kHeadDim>,
+  launch_with_pdl(rope_norm::rope_norm_kernel<T, kHeadDim, kItemsPerGroup>,
                   dim3(static_cast<unsigned>(blocks)),
                   dim3(rope_norm::kThreadsPerBlock), 0, stream, params);
 }

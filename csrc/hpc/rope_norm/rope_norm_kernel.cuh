@@ -47,108 +47,122 @@ __device__ __forceinline__ float group_max(float v) {
   return v;
 }
 
-template <typename T, int kLanes>
+template <typename T>
+__device__ __forceinline__ void load_weight(const void* weight, bool is_fp32,
+                                            int first, float (&w)[kVecElems]) {
+  if (is_fp32) {
+    load8_any<T>(static_cast<const float*>(weight) + first, true, w);
+  } else {
+    load8(static_cast<const T*>(weight) + first, w);
+  }
+}
+
+template <int kLanes>
 __device__ __forceinline__ void rms_norm(float (&x)[kVecElems],
-                                         const void* weight, bool weight_fp32,
-                                         float eps, int lane) {
+                                         const float (&w)[kVecElems],
+                                         float eps) {
   float sum_sq = 0.f;
 #pragma unroll
   for (int i = 0; i < kVecElems; ++i) sum_sq += x[i] * x[i];
   sum_sq = group_sum<kLanes>(sum_sq);
   const float inv_rms = rsqrtf(sum_sq / (kLanes * kVecElems) + eps);
-  float w[kVecElems];
-  const size_t offset = static_cast<size_t>(lane) * kVecElems;
-  load8_any<T>(
-      weight_fp32
-          ? static_cast<const void*>(static_cast<const float*>(weight) + offset)
-          : static_cast<const void*>(static_cast<const T*>(weight) + offset),
-      weight_fp32, w);
 #pragma unroll
   for (int i = 0; i < kVecElems; ++i) x[i] = x[i] * inv_rms * w[i];
 }
 
-// Rotates the first rotary_dim channels of the head held by the group.
-// `active` is false for lanes of a group past the end of the work; they still
-// take part in the shuffle so the whole warp stays converged.
-template <typename T, int kLanes>
-__device__ __forceinline__ void apply_rope(float (&x)[kVecElems],
-                                           const RopeNormParams& p,
-                                           int64_t position, int lane,
-                                           bool active) {
+// Loads the 8 cos and 8 sin values a lane needs for its channels. NeoX lanes
+// pair channel c with c + rotary_dim / 2 at frequency c mod (rotary_dim / 2);
+// GPT-J lanes rotate (2i, 2i + 1) at frequency i, so only 4 of the values are
+// used.
+template <typename T>
+__device__ __forceinline__ void load_cos_sin(const RopeNormParams& p,
+                                             int64_t position, int first,
+                                             float (&cos_v)[kVecElems],
+                                             float (&sin_v)[kVecElems]) {
   const int half = p.rotary_dim / 2;
-  const int first = lane * kVecElems;  // first channel held by this lane
+  const int freq =
+      p.is_neox ? (first < half ? first : first - half) : first / 2;
+  const int64_t row = position * p.rotary_dim;
+  if (p.cos_sin_is_fp32) {
+    const float* cache = static_cast<const float*>(p.cos_sin_cache) + row;
+    if (p.is_neox) {
+      load8_any<T>(cache + freq, true, cos_v);
+      load8_any<T>(cache + half + freq, true, sin_v);
+    } else {
+      const float4 c = *reinterpret_cast<const float4*>(cache + freq);
+      const float4 s = *reinterpret_cast<const float4*>(cache + half + freq);
+      cos_v[0] = c.x, cos_v[1] = c.y, cos_v[2] = c.z, cos_v[3] = c.w;
+      sin_v[0] = s.x, sin_v[1] = s.y, sin_v[2] = s.z, sin_v[3] = s.w;
+    }
+  } else {
+    const T* cache = static_cast<const T*>(p.cos_sin_cache) + row;
+    if (p.is_neox) {
+      load8(cache + freq, cos_v);
+      load8(cache + half + freq, sin_v);
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVecElems / 2; ++i) {
+        cos_v[i] = to_float(cache[freq + i]);
+        sin_v[i] = to_float(cache[half + freq + i]);
+      }
+    }
+  }
+}
+
+// Rotates the lane's channels in place. Every lane of the warp must call this
+// (the NeoX partner exchange is a shuffle); `rotates` says whether this
+// lane's channels lie inside rotary_dim for a Q/K head.
+template <int kLanes>
+__device__ __forceinline__ void apply_rope(float (&x)[kVecElems],
+                                           const RopeNormParams& p, int lane,
+                                           bool rotates,
+                                           const float (&cos_v)[kVecElems],
+                                           const float (&sin_v)[kVecElems]) {
+  const int half = p.rotary_dim / 2;
+  const int first = lane * kVecElems;
   if (p.is_neox) {
     // Channel c < half pairs with c + half; both halves are whole lanes
     // because rotary_dim is a multiple of 16.
     const int lane_shift = half / kVecElems;
-    const bool rotates = first < p.rotary_dim;
     const bool low = first < half;
-    const int partner =
-        rotates ? (low ? lane + lane_shift : lane - lane_shift) : lane;
+    const int partner = first < p.rotary_dim
+                            ? (low ? lane + lane_shift : lane - lane_shift)
+                            : lane;
     const int src = (threadIdx.x % 32) - lane + partner;
     float other[kVecElems];
 #pragma unroll
     for (int i = 0; i < kVecElems; ++i) {
       other[i] = __shfl_sync(0xffffffffu, x[i], src);
     }
-    if (!rotates || !active) return;
-    const int freq = low ? first : first - half;
-    const size_t row = static_cast<size_t>(position) * p.rotary_dim;
-    float cos_v[kVecElems], sin_v[kVecElems];
-    if (p.cos_sin_is_fp32) {
-      const float* cache = static_cast<const float*>(p.cos_sin_cache) + row;
-      load8_any<T>(cache + freq, true, cos_v);
-      load8_any<T>(cache + half + freq, true, sin_v);
-    } else {
-      const T* cache = static_cast<const T*>(p.cos_sin_cache) + row;
-      load8(cache + freq, cos_v);
-      load8(cache + half + freq, sin_v);
-    }
+    if (!rotates) return;
     const float sign = low ? -1.f : 1.f;
 #pragma unroll
     for (int i = 0; i < kVecElems; ++i) {
       x[i] = x[i] * cos_v[i] + sign * other[i] * sin_v[i];
     }
-  } else {
-    // GPT-J: channels (2i, 2i + 1) rotate together with frequency i.
-    if (!active || first >= p.rotary_dim) return;
-    const int freq = first / 2;
-    const size_t row = static_cast<size_t>(position) * p.rotary_dim;
-    float cs[kVecElems / 2], sn[kVecElems / 2];
-#pragma unroll
-    for (int i = 0; i < kVecElems / 2; ++i) {
-      if (p.cos_sin_is_fp32) {
-        const float* cache = static_cast<const float*>(p.cos_sin_cache) + row;
-        cs[i] = cache[freq + i];
-        sn[i] = cache[half + freq + i];
-      } else {
-        const T* cache = static_cast<const T*>(p.cos_sin_cache) + row;
-        cs[i] = to_float(cache[freq + i]);
-        sn[i] = to_float(cache[half + freq + i]);
-      }
-    }
+  } else if (rotates) {
 #pragma unroll
     for (int i = 0; i < kVecElems / 2; ++i) {
       const float a = x[2 * i], b = x[2 * i + 1];
-      x[2 * i] = a * cs[i] - b * sn[i];
-      x[2 * i + 1] = b * cs[i] + a * sn[i];
+      x[2 * i] = a * cos_v[i] - b * sin_v[i];
+      x[2 * i + 1] = b * cos_v[i] + a * sin_v[i];
     }
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void store_cache(void* cache, bool fp8,
-                                            int64_t offset,
-                                            const float (&x)[kVecElems],
-                                            const float* scale) {
-  if (fp8) {
-    store8_fp8(static_cast<uint8_t*>(cache) + offset, x, 1.f / *scale);
-  } else {
-    store8(static_cast<T*>(cache) + offset, x);
-  }
-}
+// One (token, head) pair of the packed QKV rows.
+struct WorkItem {
+  int token;
+  int head;
+  bool active;  // inside the work at all
+  bool is_q;
+  bool is_v;
+  int64_t slot;      // cache slot of K/V heads (< 0: padding)
+  int64_t position;  // rope position of Q/K heads
+  __device__ bool writes() const { return active && (is_q || slot >= 0); }
+};
 
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, int kItemsPerGroup>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rope_norm_kernel(const __grid_constant__ RopeNormParams p) {
   constexpr int kLanes = kHeadDim / kVecElems;
@@ -156,89 +170,120 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "head must fit a warp");
 
   const int lane = threadIdx.x % kLanes;
+  const int first_channel = lane * kVecElems;
   const int heads_per_token = p.num_q_heads + 2 * p.num_kv_heads;
-  const int64_t item =
-      static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock + threadIdx.x / kLanes;
-  const bool active =
-      item < static_cast<int64_t>(p.num_tokens) * heads_per_token;
-  const int token = active ? static_cast<int>(item / heads_per_token) : 0;
-  const int head = active ? static_cast<int>(item % heads_per_token) : 0;
+  const int64_t num_items =
+      static_cast<int64_t>(p.num_tokens) * heads_per_token;
+  const int64_t first_item =
+      (static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock +
+       threadIdx.x / kLanes) *
+      kItemsPerGroup;
 
   // Inputs may be produced by the previous kernel (the QKV projection).
   pdl_wait_for_producer();
   pdl_launch_dependents();
 
-  const bool is_q = head < p.num_q_heads;
-  const bool is_v = head >= p.num_q_heads + p.num_kv_heads;
-  const int64_t slot =
-      active && !is_q ? load_index(p.slot_mapping, p.slots_are_int64, token)
+  // Phase 1: issue every independent load of the group's items before any
+  // use, so their latencies overlap instead of chaining.
+  // Raw 16-byte vectors: converting to fp32 only at use halves the registers
+  // that the loads in flight occupy.
+  WorkItem items[kItemsPerGroup];
+  uint4 raw[kItemsPerGroup];
+#pragma unroll
+  for (int i = 0; i < kItemsPerGroup; ++i) {
+    WorkItem& it = items[i];
+    const int64_t item = first_item + i;
+    it.active = item < num_items;
+    it.token = it.active ? static_cast<int>(item / heads_per_token) : 0;
+    it.head = it.active ? static_cast<int>(item % heads_per_token) : 0;
+    it.is_q = it.head < p.num_q_heads;
+    it.is_v = it.head >= p.num_q_heads + p.num_kv_heads;
+    it.slot = it.active && !it.is_q
+                  ? load_index(p.slot_mapping, p.slots_are_int64, it.token)
+                  : 0;
+    it.position = it.active && !it.is_v
+                      ? load_index(p.positions, p.positions_are_int64, it.token)
                       : 0;
-  // Q heads always produce output; K/V heads of padding tokens do nothing.
-  const bool works = active && (is_q || slot >= 0);
-
-  float x[kVecElems] = {};
-  if (works) {
-    const T* src = static_cast<const T*>(p.qkv) + token * p.qkv_row_stride +
-                   head * kHeadDim + lane * kVecElems;
-    load8(src, x);
+    raw[i] = it.active ? *reinterpret_cast<const uint4*>(
+                             static_cast<const T*>(p.qkv) +
+                             it.token * p.qkv_row_stride + it.head * kHeadDim +
+                             first_channel)
+                       : make_uint4(0, 0, 0, 0);
   }
+  const float k_scale_inv = p.cache_is_fp8 ? 1.f / *p.k_scale : 1.f;
+  const float v_scale_inv = p.cache_is_fp8 ? 1.f / *p.v_scale : 1.f;
 
-  // Norm and rope run on every lane, V heads and idle lanes included, so the
-  // group shuffles inside them always see a converged warp; only Q/K heads
-  // keep the result.
-  const bool qk = !is_v;
-  const void* weight = is_q ? p.q_norm_weight : p.k_norm_weight;
-  const int64_t position =
-      works && qk ? load_index(p.positions, p.positions_are_int64, token) : 0;
-  const bool norm = p.norm_policy != QkNormPolicy::kNone;
-  float y[kVecElems];
+  // Phase 2, per item: norm weights and cos/sin rows are small and shared by
+  // every head of a token, so they are L1/L2 hits and are loaded next to
+  // their use. Norm and rope run on every lane, V heads and idle lanes
+  // included, so the group shuffles inside always see a converged warp; only
+  // Q/K heads keep the result.
 #pragma unroll
-  for (int i = 0; i < kVecElems; ++i) y[i] = x[i];
-  if (norm && p.norm_policy == QkNormPolicy::kNormThenRope) {
-    rms_norm<T, kLanes>(y, weight, p.norm_weight_is_fp32, p.eps, lane);
-  }
-  apply_rope<T, kLanes>(y, p, position, lane, works && qk);
-  if (norm && p.norm_policy == QkNormPolicy::kRopeThenNorm) {
-    rms_norm<T, kLanes>(y, weight, p.norm_weight_is_fp32, p.eps, lane);
-  }
-  if (qk) {
-#pragma unroll
-    for (int i = 0; i < kVecElems; ++i) x[i] = y[i];
-  }
-
-  // FP8 Q: per-token-per-head scale from the group's amax.
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < kVecElems; ++i) amax = fmaxf(amax, fabsf(x[i]));
-  amax = group_max<kLanes>(amax);
-
-  if (!works) return;
-
-  if (is_q) {
-    const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
-    const int64_t offset = row * kHeadDim + lane * kVecElems;
-    if (p.q_out_is_fp8) {
-      const float scale = amax / kFp8E4m3Max;
-      store8_fp8(static_cast<uint8_t*>(p.q_out) + offset, x,
-                 amax > 0.f ? kFp8E4m3Max / amax : 0.f);
-      if (lane == 0) p.q_scale[row] = scale;
-    } else {
-      store8(static_cast<T*>(p.q_out) + offset, x);
+  for (int i = 0; i < kItemsPerGroup; ++i) {
+    const WorkItem& it = items[i];
+    const bool qk = !it.is_v;
+    const bool rotates = it.active && qk && first_channel < p.rotary_dim;
+    float w[kVecElems], cos_v[kVecElems], sin_v[kVecElems];
+    if (p.norm_policy != QkNormPolicy::kNone) {
+      load_weight<T>(it.is_q ? p.q_norm_weight : p.k_norm_weight,
+                     p.norm_weight_is_fp32, first_channel, w);
     }
-    return;
-  }
+    if (rotates) {
+      load_cos_sin<T>(p, it.position, first_channel, cos_v, sin_v);
+    }
+    float x[kVecElems], y[kVecElems];
+    unpack8(reinterpret_cast<const T*>(&raw[i]), x);
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) y[e] = x[e];
+    if (p.norm_policy == QkNormPolicy::kNormThenRope) {
+      rms_norm<kLanes>(y, w, p.eps);
+    }
+    apply_rope<kLanes>(y, p, lane, rotates, cos_v, sin_v);
+    if (p.norm_policy == QkNormPolicy::kRopeThenNorm) {
+      rms_norm<kLanes>(y, w, p.eps);
+    }
+    if (qk) {
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) x[e] = y[e];
+    }
 
-  const int kv_head =
-      is_v ? head - p.num_q_heads - p.num_kv_heads : head - p.num_q_heads;
-  const int64_t block = slot / p.block_size;
-  const int64_t in_block = slot % p.block_size;
-  const int64_t offset = block * p.cache_block_stride +
-                         in_block * p.cache_token_stride +
-                         kv_head * p.cache_head_stride + lane * kVecElems;
-  if (is_v) {
-    store_cache<T>(p.value_cache, p.cache_is_fp8, offset, x, p.v_scale);
-  } else {
-    store_cache<T>(p.key_cache, p.cache_is_fp8, offset, x, p.k_scale);
+    // FP8 Q: per-token-per-head scale from the head's amax. The reduction
+    // runs on every lane (p.q_out_is_fp8 is uniform) before any branch on the
+    // head kind.
+    float amax = 0.f;
+    if (p.q_out_is_fp8) {
+#pragma unroll
+      for (int e = 0; e < kVecElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      amax = group_max<kLanes>(amax);
+    }
+    if (!it.writes()) continue;
+    if (it.is_q && p.q_out_is_fp8) {
+      const int64_t row =
+          static_cast<int64_t>(it.token) * p.num_q_heads + it.head;
+      store8_fp8(
+          static_cast<uint8_t*>(p.q_out) + row * kHeadDim + first_channel, x,
+          amax > 0.f ? kFp8E4m3Max / amax : 0.f);
+      if (lane == 0) p.q_scale[row] = amax / kFp8E4m3Max;
+      continue;
+    }
+    if (it.is_q) {
+      const int64_t row =
+          static_cast<int64_t>(it.token) * p.num_q_heads + it.head;
+      store8(static_cast<T*>(p.q_out) + row * kHeadDim + first_channel, x);
+      continue;
+    }
+    const int kv_head =
+        it.head - p.num_q_heads - (it.is_v ? p.num_kv_heads : 0);
+    const int64_t offset = (it.slot / p.block_size) * p.cache_block_stride +
+                           (it.slot % p.block_size) * p.cache_token_stride +
+                           kv_head * p.cache_head_stride + first_channel;
+    void* cache = it.is_v ? p.value_cache : p.key_cache;
+    if (p.cache_is_fp8) {
+      store8_fp8(static_cast<uint8_t*>(cache) + offset, x,
+                 it.is_v ? v_scale_inv : k_scale_inv);
+    } else {
+      store8(static_cast<T*>(cache) + offset, x);
+    }
   }
 }
 
