@@ -1,0 +1,724 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Apply the HPC patch set to vLLM 0.33.0, check it, diff it or revert it.
+
+The patch set is every file under this repository's ``vllm/`` directory. By
+default it goes into the installed vLLM package, found without importing it,
+as symbolic links so that edits here are live (``--copy`` copies instead).
+Each upstream file it replaces is backed up once into
+``<target>/.hpc_patchset/`` next to a manifest, from which ``--revert``
+restores it byte for byte.
+
+With ``--vllm-src DIR`` the patch set goes into a vLLM source checkout
+instead, together with ``csrc/hpc/`` and ``cmake/hpc_extension.cmake``, and
+the ``_hpc_C`` extension is wired into the checkout's CMakeLists.txt and
+setup.py.
+
+    python tools/apply_patchset.py            # apply (links)
+    python tools/apply_patchset.py --check    # report; exit 0 when all good
+    python tools/apply_patchset.py --diff     # unified diff, ready for a PR
+    python tools/apply_patchset.py --revert   # back to upstream
+
+Exit codes: 0 success, 1 failure, 2 unsupported or unknown vLLM version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BASE_VERSION = "0.33.0"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STATE_DIR = ".hpc_patchset"
+MANIFEST = "manifest.json"
+BEGIN_MARK = "# >>> hpc patch set"
+END_MARK = "# <<< hpc patch set"
+HPC_ATTN_BACKEND = "vllm.v1.attention.backends.hpc_attn.HpcAttentionBackend"
+
+CMAKE_BLOCK = (
+    f"{BEGIN_MARK}\n"
+    'if(VLLM_GPU_LANG STREQUAL "CUDA")\n'
+    "  include(${CMAKE_CURRENT_LIST_DIR}/cmake/hpc_extension.cmake)\n"
+    "endif()\n"
+    f"{END_MARK}\n"
+)
+SETUP_BLOCK = (
+    f"{BEGIN_MARK}\n"
+    "if _is_cuda():\n"
+    '    ext_modules.append(CMakeExtension(name="vllm._hpc_C"))\n'
+    f"{END_MARK}\n"
+)
+
+Manifest = dict[str, Any]
+PLURAL = {"link": "links", "copy": "copies"}
+
+
+class PatchSetError(Exception):
+    """A refusal or failure, reported as one line with an exit code."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Layout:
+    """Where the patch set goes; file paths are relative to ``root``."""
+
+    root: Path  # holds the backup directory
+    package: Path  # the vllm package directory
+    label: str  # prefix turning a root-relative path into a vLLM repo path
+    files: dict[str, Path]  # destination -> patch-set file
+    edits: dict[str, Callable[[str], str]] = field(default_factory=dict)
+    source: bool = False
+
+    def repo_path(self, rel: str) -> str:
+        return self.label + rel
+
+
+# --- locating things ------------------------------------------------------
+
+
+def tree_files(base: Path) -> dict[str, Path]:
+    """Files under ``base`` by relative POSIX path, without bytecode."""
+    found: dict[str, Path] = {}
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        for name in filenames:
+            if not name.endswith(".pyc"):
+                path = Path(dirpath, name)
+                found[path.relative_to(base).as_posix()] = path
+    return dict(sorted(found.items()))
+
+
+def find_installed_vllm(tree: Path = REPO_ROOT) -> Path:
+    """The installed vllm package directory, located without importing it.
+
+    The tree is kept off the search path so that its ``vllm/`` directory (a
+    namespace package, it has no ``__init__.py``) is never taken for vLLM.
+    """
+    saved = sys.path[:]
+    tree = tree.resolve()
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != tree]
+    try:
+        spec = importlib.util.find_spec("vllm")
+    finally:
+        sys.path[:] = saved
+    if spec is None or not spec.origin or not spec.origin.endswith("__init__.py"):
+        raise PatchSetError(
+            f"vLLM is not installed for {sys.executable}; pass --target DIR"
+        )
+    return Path(spec.origin).parent
+
+
+def installed_layout(target: Path, tree: Path) -> Layout:
+    if not target.is_dir():
+        raise PatchSetError(f"{target} is not a directory")
+    files = tree_files(tree / "vllm")
+    if not files:
+        raise PatchSetError(f"no patch-set files under {tree / 'vllm'}")
+    return Layout(root=target, package=target, label="vllm/", files=files)
+
+
+def source_layout(src: Path, tree: Path) -> Layout:
+    for name in ("vllm", "CMakeLists.txt", "setup.py"):
+        if not (src / name).exists():
+            raise PatchSetError(f"{src} is not a vLLM source checkout: no {name}")
+    # The checkout builds its own library, so a prebuilt one is not copied.
+    files = {
+        f"vllm/{rel}": path
+        for rel, path in tree_files(tree / "vllm").items()
+        if not rel.endswith(".so")
+    }
+    kernels = tree_files(tree / "csrc" / "hpc")
+    fragment = tree / "cmake" / "hpc_extension.cmake"
+    if not kernels or not fragment.is_file():
+        raise PatchSetError(f"{tree} lacks csrc/hpc/ or cmake/hpc_extension.cmake")
+    files.update({f"csrc/hpc/{rel}": path for rel, path in kernels.items()})
+    files["cmake/hpc_extension.cmake"] = fragment
+    edits = {"CMakeLists.txt": wire_cmake, "setup.py": wire_setup}
+    return Layout(src, src / "vllm", "", files, edits, source=True)
+
+
+# --- versions -------------------------------------------------------------
+
+_VERSION_PY = re.compile(
+    r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M
+)
+_METADATA_VERSION = re.compile(r"^Version:\s*(\S+)", re.M)
+
+
+def read_version(package: Path) -> str | None:
+    """vLLM's version from ``_version.py`` or package metadata, no import."""
+    version_py = package / "_version.py"
+    if version_py.is_file() and (m := _VERSION_PY.search(version_py.read_text())):
+        return m.group(1)
+    metadata = sorted(package.parent.glob("vllm-*.dist-info/METADATA"))
+    for path in [*metadata, package.parent / "PKG-INFO"]:
+        if path.is_file() and (m := _METADATA_VERSION.search(path.read_text())):
+            return m.group(1)
+    return None
+
+
+def _git_version(src: Path) -> str | None:
+    if not (src / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(src), "describe", "--tags", "--match", "v[0-9]*"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.removeprefix("v") or None
+
+
+def require_version(layout: Layout) -> str:
+    found = read_version(layout.package)
+    if found is None and layout.source:
+        found = _git_version(layout.root)
+    if found is None:
+        raise PatchSetError(
+            f"cannot determine the vLLM version of {layout.package}; refusing", 2
+        )
+    if found.split("+")[0] != BASE_VERSION:
+        raise PatchSetError(
+            f"this patch set is for vLLM {BASE_VERSION}, found {found} "
+            f"at {layout.package}",
+            2,
+        )
+    return found
+
+
+# --- build wiring (source checkouts) --------------------------------------
+
+_FLASH_ATTN_INCLUDE = re.compile(r"\s*include\(.*vllm_flash_attn\.cmake")
+_SETUP_ANCHOR = re.compile(
+    r'^[ \t]*ext_modules\.append\(CMakeExtension\(name="vllm\._C\w*"', re.M
+)
+
+
+def wire_cmake(text: str) -> str:
+    """Add the ``_hpc_C`` include block to vLLM's CMakeLists.txt.
+
+    It goes right before the block that includes vllm-flash-attn, which must
+    stay last because it redefines vLLM's CMake helpers; else at the end.
+    """
+    lines = text.splitlines(keepends=True)
+    at = next((i for i, s in enumerate(lines) if _FLASH_ATTN_INCLUDE.match(s)), None)
+    if at is None:
+        body = text if not text or text.endswith("\n") else text + "\n"
+        return f"{body}\n{CMAKE_BLOCK}"
+    start = at
+    for i in range(at - 1, -1, -1):
+        line = lines[i]
+        if line.strip() and not line[0].isspace() and not line.startswith("#"):
+            if re.match(r"if\s*\(", line):
+                start = i  # the include sits inside this top-level if()
+            break
+    while start > 0 and lines[start - 1].startswith("#"):
+        start -= 1
+    return "".join(lines[:start]) + CMAKE_BLOCK + "\n" + "".join(lines[start:])
+
+
+def wire_setup(text: str) -> str:
+    """Add the ``vllm._hpc_C`` extension to vLLM's setup.py.
+
+    The block follows the top-level statement that adds the last
+    ``vllm._C*`` extension and builds ``_hpc_C`` for CUDA only.
+    """
+    anchors = list(_SETUP_ANCHOR.finditer(text))
+    if not anchors or not re.search(r"^def _is_cuda\(", text, re.M):
+        raise PatchSetError("setup.py has no vllm._C extension to add _hpc_C next to")
+    lines = text.splitlines(keepends=True)
+    anchor = text.count("\n", 0, anchors[-1].start())
+    end = anchor + 1
+    while end < len(lines) and (not lines[end].strip() or lines[end][0] in " \t#"):
+        end += 1
+    while end > anchor + 1 and (
+        not lines[end - 1].strip() or lines[end - 1].startswith("#")
+    ):
+        end -= 1
+    wired = "".join(lines[:end]) + "\n" + SETUP_BLOCK + "".join(lines[end:])
+    try:
+        ast.parse(wired)
+    except SyntaxError as e:
+        raise PatchSetError(f"wiring setup.py would break it: {e}") from e
+    return wired
+
+
+# --- upstream pieces the patch set relies on ------------------------------
+
+
+def _has_hpc_attn_entry(module: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "HPC_ATTN" for t in node.targets)
+        and isinstance(node.value, ast.Constant)
+        and node.value.value == HPC_ATTN_BACKEND
+        for node in ast.walk(module)
+    )
+
+
+def _forward_takes_output_dtype(module: ast.Module) -> bool:
+    for cls in module.body:
+        if isinstance(cls, ast.ClassDef) and cls.name == "Attention":
+            for fn in cls.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
+                    params = [*fn.args.args, *fn.args.kwonlyargs]
+                    return any(p.arg == "output_dtype" for p in params)
+    return False
+
+
+def _fp8_oracle_maps_hpc(module: ast.Module) -> bool:
+    for node in ast.walk(module):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if (
+                    isinstance(key, ast.Constant)
+                    and key.value == "hpc"
+                    and isinstance(value, ast.Attribute)
+                    and value.attr == "HPC"
+                    and isinstance(value.value, ast.Name)
+                    and value.value.id == "Fp8MoeBackend"
+                ):
+                    return True
+    return False
+
+
+UPSTREAM_CHECKS: tuple[tuple[str, str, Callable[[ast.Module], bool]], ...] = (
+    (
+        "v1/attention/backends/registry.py",
+        "HPC_ATTN attention backend entry",
+        _has_hpc_attn_entry,
+    ),
+    (
+        "model_executor/layers/attention/attention.py",
+        "output_dtype parameter of Attention.forward",
+        _forward_takes_output_dtype,
+    ),
+    (
+        "model_executor/layers/fused_moe/oracle/fp8.py",
+        '"hpc" -> Fp8MoeBackend.HPC in the FP8 MoE oracle',
+        _fp8_oracle_maps_hpc,
+    ),
+)
+
+
+def upstream_checks(package: Path) -> list[tuple[str, str, bool]]:
+    """(file, description, passed) for each upstream piece, by inspection."""
+    results = []
+    for rel, what, predicate in UPSTREAM_CHECKS:
+        path = package / rel
+        try:
+            passed = predicate(ast.parse(path.read_text(), str(path)))
+        except (OSError, SyntaxError, UnicodeDecodeError):
+            passed = False
+        results.append((rel, what, passed))
+    return results
+
+
+# --- manifest and files ---------------------------------------------------
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def load_manifest(root: Path) -> Manifest | None:
+    path = root / STATE_DIR / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise PatchSetError(f"unreadable manifest {path}: {e}") from e
+
+
+def save_manifest(root: Path, manifest: Manifest) -> None:
+    path = root / STATE_DIR / MANIFEST
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def _exists(path: Path) -> bool:
+    return path.is_symlink() or path.exists()
+
+
+def _verified_backup(root: Path, rel: str, entry: dict[str, str]) -> bytes:
+    backup = root / STATE_DIR / rel
+    if not backup.is_file() or _sha256(backup.read_bytes()) != entry["sha256"]:
+        raise PatchSetError(f"backup of {rel} is missing or altered; not restoring")
+    return backup.read_bytes()
+
+
+def _restore(root: Path, rel: str, entry: dict[str, str]) -> None:
+    dest = root / rel
+    if entry["kind"] == "new":
+        if _exists(dest):
+            dest.unlink()
+        if dest.suffix == ".py":
+            for pyc in (dest.parent / "__pycache__").glob(f"{dest.stem}.*.pyc"):
+                pyc.unlink()
+        return
+    _verified_backup(root, rel, entry)
+    if _exists(dest):
+        dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(root / STATE_DIR / rel, dest)
+    if _sha256(dest.read_bytes()) != entry["sha256"]:
+        raise PatchSetError(f"restoring {dest} failed: sha256 mismatch")
+
+
+def _place(src: Path, dest: Path, mode: str) -> bool:
+    """Put ``src`` at ``dest`` as a link or a copy; False if already there."""
+    if mode == "link" and dest.is_symlink() and os.readlink(dest) == str(src):
+        return False
+    if (
+        mode == "copy"
+        and not dest.is_symlink()
+        and dest.is_file()
+        and dest.read_bytes() == src.read_bytes()
+    ):
+        return False
+    if _exists(dest):
+        dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if mode == "link":
+        dest.symlink_to(src)
+    else:
+        shutil.copy2(src, dest)
+    return True
+
+
+def _text(path: Path) -> str | None:
+    """A file's text, or None for a binary file."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _original_text(layout: Layout, rel: str, entry: dict[str, str] | None) -> str:
+    """Upstream text of a file the patch set edits."""
+    if entry is not None:
+        return _verified_backup(layout.root, rel, entry).decode()
+    text = (layout.root / rel).read_bytes().decode()
+    if BEGIN_MARK in text:
+        raise PatchSetError(f"{layout.root / rel} is already wired but has no backup")
+    return text
+
+
+# --- actions --------------------------------------------------------------
+
+
+def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
+    version = require_version(layout)
+    root = layout.root
+    manifest = load_manifest(root) or {"base_version": version, "files": {}}
+    manifest.setdefault("dirs", [])
+    entries: dict[str, dict[str, str]] = manifest["files"]
+    # Everything that can fail is worked out before anything changes.
+    edited = {
+        rel: edit(_original_text(layout, rel, entries.get(rel)))
+        for rel, edit in layout.edits.items()
+    }
+    for rel, entry in entries.items():
+        if entry["kind"] != "new":
+            _verified_backup(root, rel, entry)
+    for rel in layout.files:
+        if rel not in entries and (root / rel).is_symlink():
+            raise PatchSetError(f"{root / rel} is a link with no backup record")
+
+    for rel in sorted(set(entries) - set(layout.files) - set(layout.edits)):
+        _restore(root, rel, entries.pop(rel))
+        (root / STATE_DIR / rel).unlink(missing_ok=True)
+        if verbose:
+            print(f"restored {layout.repo_path(rel)} (no longer in the patch set)")
+    for rel in [*layout.files, *layout.edits]:
+        if rel in entries:
+            continue
+        dest = root / rel
+        if dest.exists():
+            backup = root / STATE_DIR / rel
+            backup.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(dest, backup)
+            kind = "edited" if rel in layout.edits else "replaced"
+            entries[rel] = {"kind": kind, "sha256": _sha256(backup.read_bytes())}
+        else:
+            entries[rel] = {"kind": "new"}
+            parent = dest.parent
+            while parent != root and not parent.exists():
+                if (d := parent.relative_to(root).as_posix()) not in manifest["dirs"]:
+                    manifest["dirs"].append(d)
+                parent = parent.parent
+    save_manifest(root, manifest)
+
+    changed = 0
+    for rel, src in layout.files.items():
+        if _place(src, root / rel, mode):
+            changed += 1
+            if verbose:
+                print(f"{mode} {layout.repo_path(rel)}")
+    for rel, text in edited.items():
+        dest = root / rel
+        if dest.read_bytes() != text.encode():
+            dest.unlink()
+            dest.write_bytes(text.encode())
+            changed += 1
+            if verbose:
+                print(f"wired {rel}")
+    manifest["mode"] = mode
+    save_manifest(root, manifest)
+    total = len(layout.files) + len(layout.edits)
+    print(
+        f"applied the patch set to {root} as {PLURAL[mode]} "
+        f"({changed} of {total} files updated)"
+    )
+
+
+def revert(layout: Layout, verbose: bool = False) -> None:
+    require_version(layout)
+    root = layout.root
+    manifest = load_manifest(root)
+    if manifest is None:
+        print(f"nothing to revert: no patch set recorded in {root}")
+        return
+    entries: dict[str, dict[str, str]] = manifest["files"]
+    for rel, entry in entries.items():
+        if entry["kind"] != "new":
+            _verified_backup(root, rel, entry)
+    for rel, entry in sorted(entries.items()):
+        _restore(root, rel, entry)
+        if verbose:
+            done = "removed" if entry["kind"] == "new" else "restored"
+            print(f"{done} {layout.repo_path(rel)}")
+    for rel in sorted(manifest.get("dirs", []), key=len, reverse=True):
+        path = root / rel
+        for d in (path / "__pycache__", path):
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+    shutil.rmtree(root / STATE_DIR)
+    new = sum(entry["kind"] == "new" for entry in entries.values())
+    print(
+        f"reverted {root}: {len(entries) - new} upstream files restored, "
+        f"{new} new files removed"
+    )
+
+
+def file_state(dest: Path, src: Path, entry: dict[str, str] | None) -> str:
+    if dest.is_symlink():
+        return "applied as link" if os.readlink(dest) == str(src) else "stale link"
+    if not dest.exists():
+        return "not applied"
+    data = dest.read_bytes()
+    if data == src.read_bytes():
+        return "applied as copy"
+    if entry is None or entry.get("sha256") == _sha256(data):
+        return "upstream"
+    return "stale copy"
+
+
+def _edit_state(layout: Layout, rel: str, entry: dict[str, str] | None) -> str:
+    current = (layout.root / rel).read_bytes().decode()
+    if entry is None:
+        return "stale edit" if BEGIN_MARK in current else "not applied"
+    original = _verified_backup(layout.root, rel, entry).decode()
+    if current == layout.edits[rel](original):
+        return "applied as edit"
+    return "upstream" if current == original else "stale edit"
+
+
+def check(layout: Layout) -> bool:
+    """Print the state of the patch set; True when applied and all checks pass."""
+    version = require_version(layout)
+    manifest = load_manifest(layout.root)
+    entries = manifest["files"] if manifest else {}
+    mode = manifest.get("mode") if manifest else None
+    recorded = f", applied as {PLURAL[mode]}" if mode in PLURAL else ""
+    print(f"vLLM {version} at {layout.package}{recorded}")
+    states = [
+        (file_state(layout.root / rel, src, entries.get(rel)), layout.repo_path(rel))
+        for rel, src in layout.files.items()
+    ]
+    states += [
+        (_edit_state(layout, rel, entries.get(rel)), rel) for rel in layout.edits
+    ]
+    states += [
+        ("left over", layout.repo_path(rel))
+        for rel in sorted(set(entries) - set(layout.files) - set(layout.edits))
+    ]
+    for state, path in states:
+        print(f"{state:<16} {path}")
+    results = upstream_checks(layout.package)
+    for rel, what, passed in results:
+        print(f"{'ok' if passed else 'missing':<16} {what} (vllm/{rel})")
+    not_applied = sum(not state.startswith("applied") for state, _ in states)
+    failed = sum(not passed for *_, passed in results)
+    if not_applied or failed:
+        print(
+            f"patch set not in order: {not_applied} of {len(states)} files not "
+            f"applied, {failed} upstream checks failed"
+        )
+        return False
+    print(f"patch set applied ({len(states)} files), all upstream checks passed")
+    return True
+
+
+def _unified(old: str | None, new: str, path: str, mode: str) -> str:
+    lines = difflib.unified_diff(
+        (old or "").splitlines(keepends=True),
+        new.splitlines(keepends=True),
+        "/dev/null" if old is None else f"a/{path}",
+        f"b/{path}",
+    )
+    body = "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+        for line in lines
+    )
+    if old is None:
+        return f"diff --git a/{path} b/{path}\nnew file mode {mode}\n{body}"
+    return f"diff --git a/{path} b/{path}\n{body}" if body else ""
+
+
+def diff(layout: Layout) -> str:
+    """The patch set as a unified diff against upstream (text files only)."""
+    require_version(layout)
+    manifest = load_manifest(layout.root)
+    entries = manifest["files"] if manifest else {}
+    chunks = []
+    for rel, src in layout.files.items():
+        new = _text(src)
+        if new is None:
+            continue
+        entry = entries.get(rel)
+        dest = layout.root / rel
+        if entry is not None:
+            old = (
+                None if entry["kind"] == "new" else _text(layout.root / STATE_DIR / rel)
+            )
+        else:
+            old = _text(dest) if dest.is_file() and not dest.is_symlink() else None
+        mode = "100755" if os.access(src, os.X_OK) else "100644"
+        chunks.append(_unified(old, new, layout.repo_path(rel), mode))
+    for rel, edit in layout.edits.items():
+        old = _original_text(layout, rel, entries.get(rel))
+        chunks.append(_unified(old, edit(old), rel, "100644"))
+    return "".join(chunks)
+
+
+# --- command line ---------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=f"Apply the HPC patch set to vLLM {BASE_VERSION}.",
+        epilog="exit codes: 0 success, 1 failure, 2 unsupported vLLM version",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--target",
+        type=Path,
+        metavar="DIR",
+        help="vllm package directory to patch (default: the installed vLLM)",
+    )
+    where.add_argument(
+        "--vllm-src",
+        type=Path,
+        metavar="DIR",
+        help="vLLM source checkout to patch, wiring _hpc_C into its build",
+    )
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument(
+        "--check", action="store_true", help="report the state; change nothing"
+    )
+    action.add_argument(
+        "--revert", action="store_true", help="restore the upstream files"
+    )
+    action.add_argument(
+        "--diff", action="store_true", help="print the patch set as a unified diff"
+    )
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument(
+        "--copy",
+        dest="mode",
+        action="store_const",
+        const="copy",
+        help="copy files (default for --vllm-src)",
+    )
+    how.add_argument(
+        "--link",
+        dest="mode",
+        action="store_const",
+        const="link",
+        help="symlink files (default for an installed vLLM)",
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=REPO_ROOT,
+        metavar="DIR",
+        help="patch-set tree (default: this repository)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="say more")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    tree = args.tree.resolve()
+    try:
+        if args.vllm_src is not None:
+            layout = source_layout(args.vllm_src.resolve(), tree)
+        else:
+            target = args.target or find_installed_vllm(tree)
+            layout = installed_layout(target.resolve(), tree)
+        if args.check:
+            return 0 if check(layout) else 1
+        if args.revert:
+            revert(layout, args.verbose)
+        elif args.diff:
+            sys.stdout.write(diff(layout))
+        else:
+            apply(
+                layout, args.mode or ("copy" if layout.source else "link"), args.verbose
+            )
+    except PatchSetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BrokenPipeError:
+        # The reader went away (e.g. `--diff | head`); that is not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
