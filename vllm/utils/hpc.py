@@ -38,7 +38,7 @@ __all__ = [
 def has_hpc() -> bool:
     """Return ``True`` when the in-tree ``vllm._hpc_C`` kernels are loaded."""
     try:
-        from vllm import _hpc_ops
+        _hpc_ops = importlib.import_module("vllm._hpc_ops")
     except ImportError as exc:
         logger.info_once("HPC kernels unavailable: vllm._hpc_ops failed: %s", exc)
         return False

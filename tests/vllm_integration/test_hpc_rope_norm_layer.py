@@ -1,0 +1,908 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""CPU tests of the HpcRopeNorm layer and vllm.utils.hpc in a patched vLLM.
+
+They need vLLM 0.33.0 with this patch set applied and skip otherwise. The
+fused kernel itself is never launched: where the layer would call it, a
+recording stand-in checks what it is handed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import random
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed")
+
+import torch  # noqa: E402
+
+rope_norm = pytest.importorskip(
+    "vllm.model_executor.layers.hpc.rope_norm",
+    reason="vLLM has no HPC rope_norm module",
+)
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _patch_set_applied() -> bool:
+    if getattr(rope_norm, "ROPE_NORM_KERNEL", None) == "_hpc_C::rope_norm_store_kv":
+        return True
+    return Path(rope_norm.__file__).resolve().is_relative_to(_REPO_ROOT)
+
+
+if not _patch_set_applied():
+    pytest.skip(
+        "the patch set is not applied to the installed vLLM "
+        "(run tools/apply_patchset.py)",
+        allow_module_level=True,
+    )
+
+from vllm import _hpc_ops  # noqa: E402
+from vllm.config import (  # noqa: E402
+    AttentionConfig,
+    DeviceConfig,
+    VllmConfig,
+    set_current_vllm_config,
+)
+from vllm.forward_context import (  # noqa: E402
+    ForwardContext,
+    override_forward_context,
+)
+from vllm.model_executor.custom_op import CustomOp, op_registry  # noqa: E402
+from vllm.model_executor.layers.hpc import HpcModule  # noqa: E402
+from vllm.model_executor.layers.layernorm import RMSNorm  # noqa: E402
+from vllm.utils import hpc as hpc_utils  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+
+HpcRopeNorm = rope_norm.HpcRopeNorm
+QkNormPolicy = rope_norm.QkNormPolicy
+FP8 = torch.float8_e4m3fn
+
+
+# ---------------------------------------------------------------------------
+# Fixtures and helpers
+# ---------------------------------------------------------------------------
+
+
+def _make_config(backend: AttentionBackendEnum | None) -> VllmConfig:
+    return VllmConfig(
+        device_config=DeviceConfig(device="cpu"),
+        attention_config=AttentionConfig(backend=backend),
+    )
+
+
+@pytest.fixture
+def hpc_config(monkeypatch: pytest.MonkeyPatch):
+    """HPC_ATTN selected, the kernel library reported as available."""
+    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    config = _make_config(AttentionBackendEnum.HPC_ATTN)
+    with set_current_vllm_config(config):
+        yield config
+
+
+@pytest.fixture
+def clean_has_hpc():
+    hpc_utils.has_hpc.cache_clear()
+    hpc_utils.has_hpc_package.cache_clear()
+    yield
+    hpc_utils.has_hpc.cache_clear()
+    hpc_utils.has_hpc_package.cache_clear()
+
+
+class _RecordingLogger:
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning_once(self, msg: str, *args: object, **kwargs: object) -> None:
+        self.warnings.append(msg % args if args else msg)
+
+    def info_once(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def debug_once(self, *args: object, **kwargs: object) -> None:
+        pass
+
+    def debug(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def _cos_sin(max_pos: int, rotary_dim: int) -> torch.Tensor:
+    return torch.randn(max_pos, rotary_dim, dtype=torch.float32)
+
+
+def _norm(head_dim: int, eps: float = 1e-5, dtype=torch.float32) -> RMSNorm:
+    return RMSNorm(head_dim, eps, dtype=dtype)
+
+
+def _layer(
+    *,
+    num_heads: int = 8,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    rotary_dim: int | None = None,
+    kv_cache_dtype: str = "auto",
+    use_qk_norm: bool = True,
+    layer_name: str = "model.layers.0.self_attn.attn",
+    **kwargs,
+) -> HpcRopeNorm:
+    return HpcRopeNorm(
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        cos_sin_cache=_cos_sin(128, rotary_dim or head_dim),
+        use_qk_norm=use_qk_norm,
+        fallback_qnorm=_norm(head_dim) if use_qk_norm else None,
+        fallback_knorm=_norm(head_dim) if use_qk_norm else None,
+        kv_cache_dtype=kv_cache_dtype,
+        layer_name=layer_name,
+        qk_norm_policy=QkNormPolicy.NORM_THEN_ROPE,
+        **kwargs,
+    )
+
+
+def _positions_loop(
+    seq_lens: list[int],
+    decode_query_lens: list[int],
+    prefill_query_lens: list[int],
+    num_tokens: int,
+) -> list[int]:
+    """Reference: walk the requests token by token."""
+    out = []
+    for r, qlen in enumerate(decode_query_lens + prefill_query_lens):
+        for i in range(qlen):
+            out.append(seq_lens[r] - qlen + i)
+    out += [0] * (num_tokens - len(out))
+    return out
+
+
+def _cumsum0(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+# ---------------------------------------------------------------------------
+# Registration
+# ---------------------------------------------------------------------------
+
+
+def test_registered_as_custom_op():
+    assert op_registry["hpc_rope_norm"] is HpcRopeNorm
+    assert HpcRopeNorm.name == "hpc_rope_norm"
+    assert issubclass(HpcRopeNorm, CustomOp)
+    assert issubclass(HpcRopeNorm, HpcModule)
+    # The package re-exports this implementation, not another one.
+    hpc_pkg = importlib.import_module("vllm.model_executor.layers.hpc")
+    assert hpc_pkg.HpcRopeNorm is HpcRopeNorm
+    assert hpc_pkg.QkNormPolicy is _hpc_ops.QkNormPolicy
+
+
+def test_qk_norm_policy_values():
+    assert QkNormPolicy is _hpc_ops.QkNormPolicy
+    assert {p.name: int(p) for p in QkNormPolicy} == {
+        "NONE": 0,
+        "ROPE_THEN_NORM": 1,
+        "NORM_THEN_ROPE": 2,
+    }
+
+
+def test_custom_op_schema_mutates_only_output():
+    op = torch.ops.vllm.hpc_rope_norm_forward.default
+    args = {a.name: a for a in op._schema.arguments}
+    assert list(args) == ["qkv", "output", "layer_name"]
+    assert args["output"].alias_info is not None
+    assert args["output"].alias_info.is_write
+    assert args["qkv"].alias_info is None
+    assert len(op._schema.returns) == 0
+
+
+def test_custom_op_fake_impl_under_fake_tensor_mode():
+    from torch._library.simple_registry import singleton
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    # Registered explicitly rather than left to torch's trivial fallback.
+    entry = singleton.find("vllm::hpc_rope_norm_forward")
+    assert entry.fake_impl.kernel is not None
+
+    # No forward context is set: running the real implementation would fail,
+    # so success means the fake implementation was used.
+    with FakeTensorMode():
+        qkv = torch.empty(5, (8 + 2 * 2) * 64, dtype=torch.bfloat16)
+        out = torch.empty(5, 8, 64, dtype=FP8)
+        result = torch.ops.vllm.hpc_rope_norm_forward(qkv, out, "no.such.layer")
+        assert result is None
+        assert isinstance(out, FakeTensor)
+        assert out.shape == (5, 8, 64)
+        assert out.dtype == FP8
+
+
+def test_splitting_op_is_listed_in_compilation_config():
+    from vllm.config.compilation import CompilationConfig
+
+    assert "vllm::hpc_rope_norm_forward" in CompilationConfig._attention_ops
+
+
+def test_hy_v3_imports_against_patched_tree():
+    hy_v3 = importlib.import_module("vllm.model_executor.models.hy_v3")
+    assert hy_v3.HpcRopeNorm is HpcRopeNorm
+    assert hy_v3.QkNormPolicy.NORM_THEN_ROPE == 2
+
+
+def test_hpc_attn_metadata_has_handoff_fields():
+    from vllm.v1.attention.backends.hpc_attn import HpcAttnMetadata
+
+    names = {f.name for f in dataclasses.fields(HpcAttnMetadata)}
+    used = {
+        "num_actual_tokens",
+        "num_decodes",
+        "num_decode_tokens",
+        "num_prefills",
+        "slot_mapping",
+        "seq_lens",
+        "qo_indptr",
+        "qo_indptr_decode",
+        "decode_query_len",
+        "hpc_kv_written",
+        "hpc_decode_q_scale",
+        "hpc_prefill_q_scale",
+        "hpc_split_k_flag",
+    }
+    assert used <= names, sorted(used - names)
+
+
+# ---------------------------------------------------------------------------
+# support()
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,kv_cache_dtype",
+    [
+        (64, 8, 128, "auto"),
+        (32, 4, 128, "bfloat16"),
+        (32, 4, 128, "float16"),
+        (16, 1, 256, "fp8_e4m3"),
+        (32, 2, 64, "fp8"),  # ratio 16, the maximum
+        (8, 8, 128, "auto"),  # ratio 1
+    ],
+)
+def test_support_accepts(hpc_config, num_heads, num_kv_heads, head_dim, kv_cache_dtype):
+    assert (
+        HpcRopeNorm.unsupported_reason(
+            num_heads, num_kv_heads, head_dim, kv_cache_dtype
+        )
+        is None
+    )
+    assert HpcRopeNorm.support(num_heads, num_kv_heads, head_dim, kv_cache_dtype)
+
+
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,kv_cache_dtype,needle",
+    [
+        (64, 8, 96, "auto", "96"),
+        (64, 2, 128, "auto", "32"),  # ratio 32
+        (64, 8, 128, "fp8_e5m2", "fp8_e5m2"),
+        (12, 8, 128, "auto", "multiple"),
+        (64, 8, 128, "int8", "int8"),
+    ],
+)
+def test_support_declines_with_reason(
+    hpc_config, monkeypatch, num_heads, num_kv_heads, head_dim, kv_cache_dtype, needle
+):
+    log = _RecordingLogger()
+    monkeypatch.setattr(rope_norm, "logger", log)
+    reason = HpcRopeNorm.unsupported_reason(
+        num_heads, num_kv_heads, head_dim, kv_cache_dtype
+    )
+    assert reason is not None and needle in reason
+    assert not HpcRopeNorm.support(num_heads, num_kv_heads, head_dim, kv_cache_dtype)
+    # HPC_ATTN was asked for, so the refusal is a warning.
+    assert any(needle in w for w in log.warnings), log.warnings
+
+
+def test_support_declines_without_library(hpc_config, monkeypatch):
+    monkeypatch.setattr(rope_norm, "has_hpc", lambda: False)
+    assert "_hpc_C" in HpcRopeNorm.unsupported_reason(64, 8, 128, "auto")
+    assert not HpcRopeNorm.support(64, 8, 128, "auto")
+
+
+@pytest.mark.parametrize("backend", [AttentionBackendEnum.FLASH_ATTN, None])
+def test_support_declines_other_backend(monkeypatch, backend):
+    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    log = _RecordingLogger()
+    monkeypatch.setattr(rope_norm, "logger", log)
+    with set_current_vllm_config(_make_config(backend)):
+        reason = HpcRopeNorm.unsupported_reason(64, 8, 128, "auto")
+        assert reason is not None and "HPC_ATTN" in reason
+        assert not HpcRopeNorm.support(64, 8, 128, "auto")
+    # Not asked for: no warning.
+    assert log.warnings == []
+
+
+def test_support_declines_without_config(monkeypatch):
+    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    monkeypatch.setattr(rope_norm, "get_current_vllm_config_or_none", lambda: None)
+    assert not HpcRopeNorm.support(64, 8, 128, "auto")
+
+
+@pytest.mark.parametrize(
+    "model_dtype,kv_cache_dtype,ok",
+    [
+        (torch.bfloat16, "auto", True),
+        (torch.bfloat16, "bfloat16", True),
+        (torch.bfloat16, "float16", False),
+        (torch.float16, "float16", True),
+        (torch.float16, "bfloat16", False),
+        (torch.float16, "fp8_e4m3", True),
+        (torch.float32, "auto", False),
+    ],
+)
+def test_support_checks_model_dtype(monkeypatch, model_dtype, kv_cache_dtype, ok):
+    config = types.SimpleNamespace(
+        attention_config=types.SimpleNamespace(backend=AttentionBackendEnum.HPC_ATTN),
+        model_config=types.SimpleNamespace(dtype=model_dtype),
+    )
+    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    monkeypatch.setattr(rope_norm, "get_current_vllm_config_or_none", lambda: config)
+    assert HpcRopeNorm.support(64, 8, 128, kv_cache_dtype) is ok
+
+
+# ---------------------------------------------------------------------------
+# has_hpc() and the MoE wrappers
+# ---------------------------------------------------------------------------
+
+
+def test_has_hpc_follows_library(clean_has_hpc, monkeypatch):
+    assert hpc_utils.has_hpc() is _hpc_ops.hpc_ops_available()
+
+    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: False)
+    hpc_utils.has_hpc.cache_clear()
+    assert hpc_utils.has_hpc() is False
+
+    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
+    hpc_utils.has_hpc.cache_clear()
+    assert hpc_utils.has_hpc() is True
+
+
+def test_has_hpc_false_without_op_layer(clean_has_hpc, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm._hpc_ops", None)
+    assert hpc_utils.has_hpc() is False
+
+
+def test_has_hpc_ignores_external_package(clean_has_hpc, monkeypatch):
+    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "hpc", None)
+    assert hpc_utils.has_hpc() is True
+    assert hpc_utils.has_hpc_package() is False
+
+
+def _moe_args(n: int) -> list[torch.Tensor | int]:
+    return [torch.zeros(1) for _ in range(n - 2)] + [0, 4]
+
+
+def test_moe_wrappers_need_external_package(clean_has_hpc, monkeypatch):
+    monkeypatch.setitem(sys.modules, "hpc", None)
+    with pytest.raises(ImportError, match=r"hpc\.fuse_moe`.*not installed"):
+        hpc_utils.hpc_fuse_moe(*_moe_args(10))
+    with pytest.raises(ImportError, match=r"hpc\.fuse_moe_blockwise`"):
+        hpc_utils.hpc_fuse_moe_blockwise(*_moe_args(10))
+
+
+def test_moe_wrappers_missing_entry_point(clean_has_hpc, monkeypatch):
+    monkeypatch.setattr(hpc_utils, "has_hpc_package", lambda: True)
+    monkeypatch.setitem(sys.modules, "hpc", types.ModuleType("hpc"))
+    with pytest.raises(ImportError, match="does not provide"):
+        hpc_utils.hpc_fuse_moe(*_moe_args(10))
+
+
+def test_moe_wrappers_forward_arguments(clean_has_hpc, monkeypatch):
+    calls: dict[str, tuple] = {}
+    fake = types.ModuleType("hpc")
+
+    def fuse_moe(*args, **kwargs):
+        calls["fuse_moe"] = (args, kwargs)
+        return "moe"
+
+    def fuse_moe_blockwise(*args, **kwargs):
+        calls["fuse_moe_blockwise"] = (args, kwargs)
+        return "blockwise"
+
+    fake.fuse_moe = fuse_moe
+    fake.fuse_moe_blockwise = fuse_moe_blockwise
+    monkeypatch.setattr(hpc_utils, "has_hpc_package", lambda: True)
+    monkeypatch.setitem(sys.modules, "hpc", fake)
+
+    out = torch.empty(1)
+    args = _moe_args(10)
+    assert hpc_utils.hpc_fuse_moe(*args, use_bf16_mul=False, output=out) == "moe"
+    got, kw = calls["fuse_moe"]
+    assert got[:10] == tuple(args) and got[10] is False and got[11] is None
+    assert kw == {"output": out}
+
+    assert hpc_utils.hpc_fuse_moe_blockwise(*args, shared_output=out) == "blockwise"
+    got, kw = calls["fuse_moe_blockwise"]
+    assert got[:10] == tuple(args) and got[10] is out
+    assert kw == {"output": None}
+
+
+# ---------------------------------------------------------------------------
+# Position derivation
+# ---------------------------------------------------------------------------
+
+
+def test_derive_positions_hand_computed():
+    # Two decodes (seq_lens 5 and 9), then prefills of 3 new tokens (nothing
+    # cached) and 4 new tokens (6 cached), then two padding tokens.
+    seq_lens = torch.tensor([5, 9, 3, 10, 0], dtype=torch.int32)
+    positions = rope_norm.derive_positions(
+        seq_lens,
+        11,
+        torch.tensor([0, 1, 2], dtype=torch.int32),
+        torch.tensor([0, 3, 7], dtype=torch.int32),
+        2,
+    )
+    assert positions.dtype == torch.int64
+    assert positions.tolist() == [4, 8, 0, 1, 2, 6, 7, 8, 9, 0, 0]
+
+
+def test_derive_positions_multi_token_decode():
+    positions = rope_norm.derive_positions(
+        torch.tensor([7, 3], dtype=torch.int32),
+        4,
+        torch.tensor([0, 2, 4], dtype=torch.int32),
+        None,
+        4,
+    )
+    assert positions.tolist() == [5, 6, 1, 2]
+
+
+def test_derive_positions_prefill_only_and_empty():
+    positions = rope_norm.derive_positions(
+        torch.tensor([4, 2], dtype=torch.int32),
+        6,
+        None,
+        torch.tensor([0, 4, 6], dtype=torch.int32),
+        0,
+    )
+    assert positions.tolist() == [0, 1, 2, 3, 0, 1]
+    empty = rope_norm.derive_positions(
+        torch.zeros(0, dtype=torch.int32), 3, None, None, 0
+    )
+    assert empty.tolist() == [0, 0, 0]
+
+
+def test_derive_positions_rejects_short_seq_lens():
+    with pytest.raises(ValueError, match="seq_lens"):
+        rope_norm.derive_positions(
+            torch.tensor([4], dtype=torch.int32),
+            2,
+            torch.tensor([0, 1, 2], dtype=torch.int32),
+            None,
+            2,
+        )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_derive_positions_random(seed):
+    rng = random.Random(seed)
+    num_decodes = rng.randint(0, 6)
+    num_prefills = rng.randint(0, 6)
+    dql = rng.randint(1, 4)
+    decode_q = [dql] * num_decodes
+    prefill_q = [rng.randint(1, 40) for _ in range(num_prefills)]
+    seq_lens = [q + rng.randint(0, 300) for q in decode_q + prefill_q]
+    num_real = sum(decode_q) + sum(prefill_q)
+    num_tokens = num_real + rng.randint(0, 5)
+    seq_lens_t = torch.tensor(seq_lens + [0] * rng.randint(0, 3), dtype=torch.int32)
+
+    positions = rope_norm.derive_positions(
+        seq_lens_t,
+        num_tokens,
+        _cumsum0(decode_q) if num_decodes else None,
+        _cumsum0(prefill_q) if num_prefills else None,
+        sum(decode_q),
+    )
+    assert positions.tolist() == _positions_loop(
+        seq_lens, decode_q, prefill_q, num_tokens
+    )
+
+
+def _metadata(**overrides) -> types.SimpleNamespace:
+    # Two single-token decodes (seq_lens 5, 9) and one prefill of 3 tokens
+    # after 2 cached ones (seq_len 5): 5 tokens in all.
+    fields = dict(
+        num_actual_tokens=5,
+        num_decodes=2,
+        num_decode_tokens=2,
+        num_prefills=1,
+        num_prefill_tokens=3,
+        max_query_len=3,
+        slot_mapping=torch.tensor([10, 20, 30, 31, 32], dtype=torch.int64),
+        seq_lens=torch.tensor([5, 9, 5], dtype=torch.int32),
+        block_table_tensor=torch.zeros(3, 4, dtype=torch.int32),
+        qo_indptr=torch.tensor([0, 3], dtype=torch.int32),
+        qo_indptr_decode=torch.tensor([0, 1, 2], dtype=torch.int32),
+        decode_query_len=1,
+        hpc_kv_written=False,
+        hpc_prefill_q_scale=None,
+        hpc_decode_q_scale=None,
+        hpc_split_k_flag=None,
+    )
+    fields.update(overrides)
+    return types.SimpleNamespace(**fields)
+
+
+def test_positions_from_metadata():
+    expected = [4, 8, 2, 3, 4]
+    md = _metadata()
+    assert rope_norm._positions_from_metadata(md, 5).tolist() == expected
+    # Missing decode offsets: rebuilt from the uniform decode query length.
+    md = _metadata(qo_indptr_decode=None)
+    assert rope_norm._positions_from_metadata(md, 5).tolist() == expected
+    # Positions carried by the metadata win.
+    given = torch.arange(100, 105)
+    md = _metadata(positions=given)
+    assert rope_norm._positions_from_metadata(md, 5) is given
+    with pytest.raises(ValueError, match="qo_indptr"):
+        rope_norm._positions_from_metadata(_metadata(qo_indptr=None), 5)
+
+
+# ---------------------------------------------------------------------------
+# KV-cache views
+# ---------------------------------------------------------------------------
+
+
+def test_split_kv_cache_addresses_upstream_layout():
+    nb, hkv, bs, d = 3, 2, 16, 64
+    kv_cache = torch.zeros(nb, hkv, bs, 2 * d, dtype=torch.bfloat16)
+    key, value = rope_norm.split_kv_cache(kv_cache, d, use_fp8=False)
+    assert key.shape == value.shape == (nb, bs, hkv, d)
+    assert key.untyped_storage().data_ptr() == kv_cache.untyped_storage().data_ptr()
+    assert key.stride(-1) == 1 and value.stride(-1) == 1
+
+    k = torch.randn(hkv, d).to(torch.bfloat16)
+    v = torch.randn(hkv, d).to(torch.bfloat16)
+    key[2, 5] = k
+    value[2, 5] = v
+    for h in range(hkv):
+        assert torch.equal(kv_cache[2, h, 5, :d], k[h])
+        assert torch.equal(kv_cache[2, h, 5, d:], v[h])
+    assert int((kv_cache != 0).sum()) == int((k != 0).sum() + (v != 0).sum())
+
+
+def test_split_kv_cache_fp8_from_uint8():
+    kv_cache = torch.zeros(2, 1, 16, 256, dtype=torch.uint8)
+    key, value = rope_norm.split_kv_cache(kv_cache, 128, use_fp8=True)
+    assert key.dtype == value.dtype == FP8
+    key[1, 3, 0, 0] = 1.0
+    assert kv_cache[1, 0, 3, 0].item() == torch.tensor(1.0).to(FP8).view(torch.uint8)
+
+
+def test_split_kv_cache_rejects_bad_input():
+    with pytest.raises(ValueError, match="shape"):
+        rope_norm.split_kv_cache(torch.zeros(2, 1, 16, 128), 128, use_fp8=False)
+    with pytest.raises(ValueError, match="uint8"):
+        rope_norm.split_kv_cache(
+            torch.zeros(2, 1, 16, 256, dtype=torch.bfloat16), 128, use_fp8=True
+        )
+
+
+# ---------------------------------------------------------------------------
+# Constructor
+# ---------------------------------------------------------------------------
+
+
+def test_constructor_requires_library(monkeypatch):
+    monkeypatch.setattr(rope_norm, "has_hpc", lambda: False)
+    with (
+        set_current_vllm_config(_make_config(AttentionBackendEnum.HPC_ATTN)),
+        pytest.raises(ImportError, match="_hpc_C"),
+    ):
+        _layer()
+
+
+def test_constructor_reads_config(hpc_config):
+    layer = _layer(
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        rotary_dim=64,
+        kv_cache_dtype="fp8_e4m3",
+        layer_name="test.ctor.attn",
+    )
+    assert layer.use_fp8
+    assert layer.rotary_dim == 64
+    assert layer.is_neox_style is True
+    assert layer.eps == 1e-5
+    assert layer.head_per_group == 4
+    assert layer.q_size == 8 * 128 and layer.kv_size == 2 * 128
+    assert layer.qk_norm_policy == QkNormPolicy.NORM_THEN_ROPE
+    assert layer.cos_sin_cache.dtype == torch.float32
+    assert layer.cos_sin_cache.shape == (128, 64)
+    assert "cos_sin_cache" in dict(layer.named_buffers())
+    assert "cos_sin_cache" not in layer.state_dict()
+    assert layer.layer_name == "test.ctor.attn"
+    assert rope_norm._hpc_rope_norm_instances["test.ctor.attn"] is layer
+    assert layer._q_scale_rows == hpc_config.scheduler_config.max_num_batched_tokens
+
+
+def test_constructor_variants(hpc_config):
+    plain = _layer(use_qk_norm=False, kv_cache_dtype="auto", is_neox_style=False)
+    assert not plain.use_fp8
+    assert plain.is_neox_style is False
+    assert plain.qk_norm_policy == QkNormPolicy.NONE
+    assert plain.fallback_qnorm is None
+
+    # Model-dtype norm weights are accepted too.
+    layer = HpcRopeNorm(
+        8,
+        2,
+        64,
+        _cos_sin(32, 64),
+        True,
+        _norm(64, 1e-6, torch.bfloat16),
+        _norm(64, 1e-6, torch.bfloat16),
+        "fp8",
+        "test.variants.attn",
+        QkNormPolicy.ROPE_THEN_NORM,
+    )
+    assert layer.use_fp8
+    assert layer.eps == 1e-6
+    assert layer.qk_norm_policy == QkNormPolicy.ROPE_THEN_NORM
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(head_dim=96), "head_dim 96"),
+        (dict(num_heads=64, num_kv_heads=2), "exceeds"),
+        (dict(num_heads=12, num_kv_heads=8), "multiple"),
+        (dict(kv_cache_dtype="fp8_e5m2"), "fp8_e5m2"),
+        (dict(rotary_dim=24), "rotary dim"),
+        (dict(head_dim=64, rotary_dim=128), "rotary dim"),
+    ],
+)
+def test_constructor_rejects(hpc_config, kwargs, needle):
+    with pytest.raises(ValueError, match=needle):
+        _layer(**kwargs)
+
+
+def test_constructor_rejects_bad_norms(hpc_config):
+    cache = _cos_sin(32, 64)
+
+    def build(qnorm, knorm, cos_sin=cache):
+        return HpcRopeNorm(
+            8,
+            2,
+            64,
+            cos_sin,
+            True,
+            qnorm,
+            knorm,
+            "auto",
+            "test.bad.attn",
+            QkNormPolicy.NORM_THEN_ROPE,
+        )
+
+    with pytest.raises(ValueError, match="not supplied"):
+        build(None, _norm(64))
+    with pytest.raises(ValueError, match=r"shape \(128,\)"):
+        build(_norm(128), _norm(128))
+    with pytest.raises(ValueError, match="one epsilon"):
+        build(_norm(64, 1e-5), _norm(64, 1e-6))
+    with pytest.raises(ValueError, match="dtype"):
+        build(_norm(64, dtype=torch.float32), _norm(64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="cos_sin_cache"):
+        build(_norm(64), _norm(64), cos_sin=torch.zeros(64))
+
+
+# ---------------------------------------------------------------------------
+# Forward: one kernel call with the right arguments
+# ---------------------------------------------------------------------------
+
+
+class _KernelRecorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    def __call__(self, *args, **kwargs) -> None:
+        self.calls.append((args, kwargs))
+
+
+def _kv_cache(layer: HpcRopeNorm, fp8: bool) -> torch.Tensor:
+    dtype = torch.uint8 if fp8 else torch.bfloat16
+    return torch.zeros(4, layer.num_kv_heads, 16, 2 * layer.head_dim, dtype=dtype)
+
+
+def _attn_layer(kv_cache: torch.Tensor) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        kv_cache=kv_cache,
+        _k_scale=torch.tensor(0.5, dtype=torch.float32),
+        _v_scale=torch.tensor(0.25, dtype=torch.float32),
+    )
+
+
+def _qkv(layer: HpcRopeNorm, num_tokens: int) -> torch.Tensor:
+    width = (layer.num_heads + 2 * layer.num_kv_heads) * layer.head_dim
+    return torch.randn(num_tokens, width).to(torch.bfloat16)
+
+
+def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    layer = _layer(kv_cache_dtype="fp8_e4m3", is_neox_style=False)
+    kv_cache = _kv_cache(layer, fp8=True)
+    attn = _attn_layer(kv_cache)
+    qkv = _qkv(layer, 7)  # 5 real tokens + 2 padding rows
+    output = torch.empty(7, layer.num_heads, layer.head_dim, dtype=FP8)
+    md = _metadata()
+
+    layer._forward_impl(qkv, kv_cache, md, attn, output)
+
+    assert len(kernel.calls) == 1
+    args, kw = kernel.calls[0]
+    q_in, positions, slots, cos_sin, key, value, q_out = args
+    assert q_in.shape[0] == 5 and q_in.data_ptr() == qkv.data_ptr()
+    assert positions.tolist() == [4, 8, 2, 3, 4]
+    assert slots is md.slot_mapping
+    assert cos_sin is layer.cos_sin_cache
+    assert key.dtype == value.dtype == FP8
+    assert key.shape == (4, 16, layer.num_kv_heads, layer.head_dim)
+    assert key.untyped_storage().data_ptr() == kv_cache.untyped_storage().data_ptr()
+    assert value.data_ptr() == key.data_ptr() + layer.head_dim
+    assert q_out.shape == (5, layer.num_heads, layer.head_dim)
+    assert q_out.data_ptr() == output.data_ptr()
+
+    buf = layer._q_scale
+    assert buf is not None and buf.dtype == torch.float32
+    assert buf.shape == (hpc_config.scheduler_config.max_num_batched_tokens, 8)
+    assert kw["q_scale"].shape == (5, 8) and kw["q_scale"].data_ptr() == buf.data_ptr()
+    assert kw["k_scale"].shape == (1,) and kw["k_scale"].item() == 0.5
+    assert kw["v_scale"].shape == (1,) and kw["v_scale"].item() == 0.25
+    assert kw["q_norm_weight"] is layer.fallback_qnorm.weight
+    assert kw["k_norm_weight"] is layer.fallback_knorm.weight
+    assert kw["eps"] == 1e-5
+    assert kw["norm_policy"] == int(QkNormPolicy.NORM_THEN_ROPE)
+    assert kw["is_neox"] is False
+
+    assert md.hpc_kv_written is True
+    assert md.hpc_split_k_flag is None
+    assert md.hpc_decode_q_scale.shape == (2, 8)
+    assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
+    assert md.hpc_prefill_q_scale.shape == (3, 8)
+    assert md.hpc_prefill_q_scale.data_ptr() == buf[2].data_ptr()
+
+    # The buffer is persistent: the next step reuses it.
+    md2 = _metadata(positions=torch.arange(5))
+    layer._forward_impl(qkv, kv_cache, md2, attn, output)
+    assert layer._q_scale is buf
+    assert kernel.calls[1][0][1] is md2.positions
+
+
+def test_forward_impl_decode_only_fp8(hpc_config, monkeypatch):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    layer = _layer(kv_cache_dtype="fp8")
+    kv_cache = _kv_cache(layer, fp8=True)
+    md = _metadata(
+        num_actual_tokens=2,
+        num_prefills=0,
+        num_prefill_tokens=0,
+        qo_indptr=None,
+        seq_lens=torch.tensor([5, 9], dtype=torch.int32),
+    )
+    output = torch.empty(2, layer.num_heads, layer.head_dim, dtype=FP8)
+    layer._forward_impl(_qkv(layer, 2), kv_cache, md, _attn_layer(kv_cache), output)
+    assert len(kernel.calls) == 1
+    assert kernel.calls[0][0][1].tolist() == [4, 8]
+    assert md.hpc_decode_q_scale.shape == (2, 8)
+    assert md.hpc_prefill_q_scale is None
+
+
+def test_forward_impl_bf16(hpc_config, monkeypatch):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    layer = _layer(kv_cache_dtype="auto", use_qk_norm=False)
+    kv_cache = _kv_cache(layer, fp8=False)
+    md = _metadata()
+    output = torch.empty(5, layer.num_heads, layer.head_dim, dtype=torch.bfloat16)
+    layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
+
+    assert len(kernel.calls) == 1
+    args, kw = kernel.calls[0]
+    assert args[4].dtype == torch.bfloat16
+    assert kw["q_scale"] is None and kw["k_scale"] is None and kw["v_scale"] is None
+    assert kw["q_norm_weight"] is None and kw["k_norm_weight"] is None
+    assert kw["norm_policy"] == int(QkNormPolicy.NONE)
+    assert kw["is_neox"] is True
+    assert layer._q_scale is None
+    assert md.hpc_kv_written is True
+    assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
+
+
+# ---------------------------------------------------------------------------
+# Through the custom op
+# ---------------------------------------------------------------------------
+
+
+def _op_runs_on_cpu() -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(
+        "vllm::hpc_rope_norm_forward", "CPU"
+    )
+
+
+@pytest.mark.skipif(
+    not _op_runs_on_cpu(), reason="the op is registered for another device"
+)
+@pytest.mark.parametrize("wrap", ["dict", "list"])
+def test_custom_op_routes_to_layer(hpc_config, monkeypatch, wrap):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    name = f"test.op.{wrap}.attn"
+    layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name=name)
+    kv_cache = _kv_cache(layer, fp8=True)
+    md = _metadata()
+    other = _metadata()
+    per_layer = {name: md}
+    # The list form: entry 0 is the target model's metadata.
+    ctx = ForwardContext(
+        no_compile_layers={name: _attn_layer(kv_cache)},
+        attn_metadata=per_layer if wrap == "dict" else [per_layer, {name: other}],
+        slot_mapping={},
+    )
+    with override_forward_context(ctx):
+        q = layer.forward_native(_qkv(layer, 5), name)
+    assert q.shape == (5, layer.num_heads, layer.head_dim) and q.dtype == FP8
+    assert len(kernel.calls) == 1
+    assert kernel.calls[0][0][6].data_ptr() == q.data_ptr()
+    assert md.hpc_kv_written is True
+    assert other.hpc_kv_written is False
+
+
+@pytest.mark.skipif(
+    not _op_runs_on_cpu(), reason="the op is registered for another device"
+)
+@pytest.mark.parametrize("case", ["no_metadata", "empty_cache"])
+def test_custom_op_zeroes_output_without_work(hpc_config, monkeypatch, case):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    name = f"test.op.{case}.attn"
+    layer = _layer(kv_cache_dtype="auto", layer_name=name)
+    if case == "no_metadata":
+        kv_cache, md = _kv_cache(layer, fp8=False), None
+    else:
+        kv_cache, md = torch.zeros(0, dtype=torch.bfloat16), _metadata()
+    ctx = ForwardContext(
+        no_compile_layers={name: _attn_layer(kv_cache)},
+        attn_metadata={name: md},
+        slot_mapping={},
+    )
+    output = torch.full((5, layer.num_heads, layer.head_dim), 7.0).to(torch.bfloat16)
+    with override_forward_context(ctx):
+        torch.ops.vllm.hpc_rope_norm_forward(_qkv(layer, 5), output, name)
+    assert kernel.calls == []
+    assert not output.any()
+    if md is not None:
+        assert md.hpc_kv_written is False
+
+
+@pytest.mark.skipif(
+    not _op_runs_on_cpu(), reason="the op is registered for another device"
+)
+def test_profile_run_allocates_q_scale_buffer(hpc_config):
+    name = "test.op.profile.attn"
+    layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name=name)
+    ctx = ForwardContext(
+        no_compile_layers={name: _attn_layer(_kv_cache(layer, fp8=True))},
+        attn_metadata={name: None},
+        slot_mapping={},
+    )
+    assert layer._q_scale is None
+    with override_forward_context(ctx):
+        layer.forward_native(_qkv(layer, 3), name)
+    rows = hpc_config.scheduler_config.max_num_batched_tokens
+    assert layer._q_scale is not None and layer._q_scale.shape == (rows, 8)
