@@ -120,10 +120,24 @@ def tree(tmp_path: Path) -> Path:
 
 
 def _copy_upstream(installed: Path, package: Path, rels: list[str]) -> None:
+    """Copies the upstream state of `rels`, also when the set is applied.
+
+    When the installed vLLM carries the patch set (as in CI, which applies it
+    before testing), replaced files come from the backup and new files are
+    left out, so every test starts from pristine upstream files.
+    """
+    manifest = tool.load_manifest(installed) or {"files": {}}
     for rel in rels:
-        if (installed / rel).is_file():
+        entry = manifest["files"].get(rel)
+        if entry is None:
+            source = installed / rel
+        elif entry["kind"] == "replaced":
+            source = installed / tool.STATE_DIR / rel
+        else:
+            continue
+        if source.is_file():
             (package / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(installed / rel, package / rel)
+            shutil.copy2(source, package / rel)
 
 
 def _needed(installed: Path, tree: Path) -> list[str]:
