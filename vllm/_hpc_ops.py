@@ -207,6 +207,11 @@ def _validate_rope_norm(
                 f"{name} strides {t.stride()} must be multiples of 8 elements "
                 "(16-byte aligned rows)"
             )
+    if key_cache.stride() != value_cache.stride():
+        raise ValueError(
+            f"value_cache strides {value_cache.stride()} must equal key_cache "
+            f"strides {key_cache.stride()}"
+        )
     cache_is_fp8 = key_cache.dtype == torch.float8_e4m3fn
     if cache_is_fp8:
         for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -283,7 +288,7 @@ def _validate_rope_norm(
             )
 
     _check_ndim("cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
-    _check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32, *_ACTIVATION_DTYPES))
+    _check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32, qkv.dtype))
     _check_device("cos_sin_cache", cos_sin_cache, device)
     _check_contiguous("cos_sin_cache", cos_sin_cache)
     rotary_dim = cos_sin_cache.shape[1]
