@@ -1,12 +1,15 @@
-// Host dispatch of the fused prologue: picks the instantiation for the model
-// dtype and head size and launches it with programmatic dependent launch.
+// Host dispatch of the fused prologue: sizes the token tiles from the device
+// and the head configuration, picks the instantiation for the model dtype and
+// head size, and launches it with programmatic dependent launch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "common/cuda_check.h"
+#include "common/device_info.h"
 #include "common/pdl.cuh"
 #include "rope_norm/rope_norm.h"
 #include "rope_norm/rope_norm_kernel.cuh"
@@ -15,23 +18,47 @@ namespace hpc {
 
 namespace {
 
-// Heads each lane group handles: two independent 16-byte loads in flight per
-// thread hide HBM latency better than one, at a modest register cost.
-constexpr int kItemsPerGroup = 2;
+// Shared memory a CTA aims to keep in flight. Several CTAs share an SM, so
+// each SM holds well over the ~32 KB of outstanding loads that saturating
+// HBM needs, while small batches still spread over many SMs.
+constexpr int kTileBytesTarget = 32 * 1024;
+
+rope_norm::TileLayout plan_tiles(const RopeNormParams& p,
+                                 const DeviceInfo& device) {
+  rope_norm::TileLayout layout{};
+  layout.row_bytes = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim * 2;
+  layout.cos_sin_bytes = p.rotary_dim * (p.cos_sin_is_fp32 ? 4 : 2);
+  const int per_token = layout.row_bytes + layout.cos_sin_bytes;
+  // As many tokens as fit the target, but no fewer CTAs than two per SM
+  // while there are tokens to spread.
+  int tile = std::max(1, kTileBytesTarget / per_token);
+  const int spread =
+      (p.num_tokens + 2 * device.sm_count - 1) / (2 * device.sm_count);
+  tile = std::min({tile, std::max(1, spread), rope_norm::kThreadsPerBlock});
+  if (tile * per_token > device.max_smem_per_block) {
+    throw std::invalid_argument(
+        "rope_norm: one token's QKV row (" + std::to_string(per_token) +
+        " bytes) exceeds the device's shared memory per block");
+  }
+  layout.tile_tokens = tile;
+  return layout;
+}
 
 template <typename T, int kHeadDim>
 void launch_typed(const RopeNormParams& params, cudaStream_t stream) {
-  constexpr int kItemsPerBlock =
-      rope_norm::kThreadsPerBlock / (kHeadDim / kVecElems) * kItemsPerGroup;
-  const int64_t items = static_cast<int64_t>(params.num_tokens) *
-                        (params.num_q_heads + 2 * params.num_kv_heads);
-  const int64_t blocks = (items + kItemsPerBlock - 1) / kItemsPerBlock;
-  if (blocks == 0) return;
-  if (blocks > INT32_MAX)
-    throw std::invalid_argument("rope_norm: too many tokens");
-  launch_with_pdl(rope_norm::rope_norm_kernel<T, kHeadDim, kItemsPerGroup>,
-                  dim3(static_cast<unsigned>(blocks)),
-                  dim3(rope_norm::kThreadsPerBlock), 0, stream, params);
+  if (params.num_tokens == 0) return;
+  const DeviceInfo& device = current_device_info();
+  const rope_norm::TileLayout layout = plan_tiles(params, device);
+  auto kernel = rope_norm::rope_norm_kernel<T, kHeadDim>;
+  const int smem = layout.bytes();
+  if (smem > 48 * 1024) {
+    HPC_CUDA_CHECK(cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  const int blocks =
+      (params.num_tokens + layout.tile_tokens - 1) / layout.tile_tokens;
+  launch_with_pdl(kernel, dim3(blocks), dim3(rope_norm::kThreadsPerBlock), smem,
+                  stream, params, layout);
 }
 
 template <typename T>

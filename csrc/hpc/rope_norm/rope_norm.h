@@ -36,6 +36,7 @@ struct RopeNormParams {
   const void* cos_sin_cache;
   bool cos_sin_is_fp32;  // else the model dtype
   int rotary_dim;
+  int max_position;  // rows of the cos/sin cache; positions are clamped
   bool is_neox;
 
   // Per-head RMSNorm weights [head_dim]; null when policy is kNone.

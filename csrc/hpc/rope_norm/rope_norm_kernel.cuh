@@ -1,17 +1,24 @@
 // Device code of the fused prologue.
 //
-// Work decomposition: one "head group" of head_dim / 8 lanes owns one
-// (token, head) pair; each lane holds 8 contiguous channels in registers, so
-// the head is read from and written to HBM exactly once with 16-byte accesses.
-// Reductions (RMSNorm, FP8 amax) are shuffles inside the group; the NeoX
-// rotation partner of a lane is another lane of the same group, fetched with
-// one shuffle. The work is indexed by (token, head) and nothing depends on how
-// tokens split into requests, so prefill and decode batches run the same way.
+// Work decomposition: each CTA owns a tile of consecutive tokens. One thread
+// moves the tile's packed QKV rows into shared memory with the bulk-copy
+// engine (cp.async.bulk, completing on an mbarrier), and the tile's cos/sin
+// rows follow as soon as their positions are known, so the CTA keeps a whole
+// tile of HBM traffic in flight without holding it in registers. Then a "head
+// group" of head_dim / 8 lanes processes one (token, head) pair at a time:
+// each lane holds 8 contiguous channels, reductions (RMSNorm, FP8 amax) are
+// shuffles inside the group, the NeoX rotation partner of a lane is another
+// lane of the group, and results go straight to the outputs with 16-byte
+// stores. Work is indexed by token, never by request, so prefill and decode
+// batches of the same size cost the same.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cute/arch/copy_sm90_tma.hpp>
 
 #include "common/pdl.cuh"
 #include "common/vec.cuh"
@@ -21,6 +28,8 @@ namespace hpc {
 namespace rope_norm {
 
 constexpr int kThreadsPerBlock = 256;
+// Four CTAs per SM keep four token tiles of loads in flight on each SM.
+constexpr int kMinBlocksPerSm = 4;
 
 __device__ __forceinline__ int64_t load_index(const void* ptr, bool is_int64,
                                               int i) {
@@ -70,41 +79,29 @@ __device__ __forceinline__ void rms_norm(float (&x)[kVecElems],
   for (int i = 0; i < kVecElems; ++i) x[i] = x[i] * inv_rms * w[i];
 }
 
-// Loads the 8 cos and 8 sin values a lane needs for its channels. NeoX lanes
-// pair channel c with c + rotary_dim / 2 at frequency c mod (rotary_dim / 2);
-// GPT-J lanes rotate (2i, 2i + 1) at frequency i, so only 4 of the values are
-// used.
-template <typename T>
-__device__ __forceinline__ void load_cos_sin(const RopeNormParams& p,
-                                             int64_t position, int first,
+// Reads the 8 cos and 8 sin values a lane needs from one cos/sin row (cos
+// half then sin half). NeoX lanes pair channel c with c + rotary_dim / 2 at
+// frequency c mod (rotary_dim / 2); GPT-J lanes rotate (2i, 2i + 1) at
+// frequency i, so only 4 of the values are used.
+template <typename C>
+__device__ __forceinline__ void read_cos_sin(const C* row, int rotary_dim,
+                                             bool is_neox, int first,
                                              float (&cos_v)[kVecElems],
                                              float (&sin_v)[kVecElems]) {
-  const int half = p.rotary_dim / 2;
-  const int freq =
-      p.is_neox ? (first < half ? first : first - half) : first / 2;
-  const int64_t row = position * p.rotary_dim;
-  if (p.cos_sin_is_fp32) {
-    const float* cache = static_cast<const float*>(p.cos_sin_cache) + row;
-    if (p.is_neox) {
-      load8_any<T>(cache + freq, true, cos_v);
-      load8_any<T>(cache + half + freq, true, sin_v);
-    } else {
-      const float4 c = *reinterpret_cast<const float4*>(cache + freq);
-      const float4 s = *reinterpret_cast<const float4*>(cache + half + freq);
-      cos_v[0] = c.x, cos_v[1] = c.y, cos_v[2] = c.z, cos_v[3] = c.w;
-      sin_v[0] = s.x, sin_v[1] = s.y, sin_v[2] = s.z, sin_v[3] = s.w;
+  const int half = rotary_dim / 2;
+  if (is_neox) {
+    const int freq = first < half ? first : first - half;
+#pragma unroll
+    for (int i = 0; i < kVecElems; ++i) {
+      cos_v[i] = to_float(row[freq + i]);
+      sin_v[i] = to_float(row[half + freq + i]);
     }
   } else {
-    const T* cache = static_cast<const T*>(p.cos_sin_cache) + row;
-    if (p.is_neox) {
-      load8(cache + freq, cos_v);
-      load8(cache + half + freq, sin_v);
-    } else {
+    const int freq = first / 2;
 #pragma unroll
-      for (int i = 0; i < kVecElems / 2; ++i) {
-        cos_v[i] = to_float(cache[freq + i]);
-        sin_v[i] = to_float(cache[half + freq + i]);
-      }
+    for (int i = 0; i < kVecElems / 2; ++i) {
+      cos_v[i] = to_float(row[freq + i]);
+      sin_v[i] = to_float(row[half + freq + i]);
     }
   }
 }
@@ -150,89 +147,130 @@ __device__ __forceinline__ void apply_rope(float (&x)[kVecElems],
   }
 }
 
-// One (token, head) pair of the packed QKV rows.
-struct WorkItem {
-  int token;
-  int head;
-  bool active;  // inside the work at all
-  bool is_q;
-  bool is_v;
-  int64_t slot;      // cache slot of K/V heads (< 0: padding)
-  int64_t position;  // rope position of Q/K heads
-  __device__ bool writes() const { return active && (is_q || slot >= 0); }
+// Shared-memory layout of one token tile, all offsets 16-byte aligned:
+//   [tile_tokens x row_bytes]      packed QKV rows
+//   [tile_tokens x cos_sin_bytes]  cos/sin rows at the tokens' positions
+// plus static storage for the tokens' slots and the copy barrier.
+struct TileLayout {
+  int tile_tokens;
+  int row_bytes;      // (num_q_heads + 2 * num_kv_heads) * head_dim * 2
+  int cos_sin_bytes;  // rotary_dim * sizeof(cos/sin element)
+
+  __host__ __device__ int cos_sin_offset() const {
+    return tile_tokens * row_bytes;
+  }
+  __host__ __device__ int bytes() const {
+    return tile_tokens * (row_bytes + cos_sin_bytes);
+  }
 };
 
-template <typename T, int kHeadDim, int kItemsPerGroup>
-__global__ void __launch_bounds__(kThreadsPerBlock)
-    rope_norm_kernel(const __grid_constant__ RopeNormParams p) {
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm)
+    rope_norm_kernel(const __grid_constant__ RopeNormParams p,
+                     const TileLayout layout) {
   constexpr int kLanes = kHeadDim / kVecElems;
   constexpr int kGroupsPerBlock = kThreadsPerBlock / kLanes;
   static_assert(kLanes <= 32 && 32 % kLanes == 0, "head must fit a warp");
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
 
-  const int lane = threadIdx.x % kLanes;
-  const int first_channel = lane * kVecElems;
-  const int heads_per_token = p.num_q_heads + 2 * p.num_kv_heads;
-  const int64_t num_items =
-      static_cast<int64_t>(p.num_tokens) * heads_per_token;
-  const int64_t first_item =
-      (static_cast<int64_t>(blockIdx.x) * kGroupsPerBlock +
-       threadIdx.x / kLanes) *
-      kItemsPerGroup;
+  extern __shared__ __align__(128) uint8_t tile[];
+  __shared__ uint64_t copy_done;
+  __shared__ int64_t slots[kThreadsPerBlock];
+
+  const int first_token = blockIdx.x * layout.tile_tokens;
+  const int tokens = min(layout.tile_tokens, p.num_tokens - first_token);
+
+  if (threadIdx.x == 0) {
+    Barrier::init(&copy_done, 1);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
 
   // Inputs may be produced by the previous kernel (the QKV projection).
   pdl_wait_for_producer();
+
+  if (threadIdx.x == 0) {
+    Barrier::arrive_and_expect_tx(
+        &copy_done, tokens * (layout.row_bytes + layout.cos_sin_bytes));
+    const T* rows =
+        static_cast<const T*>(p.qkv) + first_token * p.qkv_row_stride;
+    if (p.qkv_row_stride * static_cast<int64_t>(sizeof(T)) ==
+        layout.row_bytes) {
+      cute::SM90_BULK_COPY_G2S::copy(rows, &copy_done, tile,
+                                     tokens * layout.row_bytes);
+    } else {
+      for (int t = 0; t < tokens; ++t) {
+        cute::SM90_BULK_COPY_G2S::copy(rows + t * p.qkv_row_stride, &copy_done,
+                                       tile + t * layout.row_bytes,
+                                       layout.row_bytes);
+      }
+    }
+  }
+  if (threadIdx.x < tokens) {
+    const int token = first_token + threadIdx.x;
+    // Clamped so that a stale position of a padding token cannot read
+    // outside the cos/sin cache.
+    const int64_t position = min(
+        max(load_index(p.positions, p.positions_are_int64, token), int64_t{0}),
+        static_cast<int64_t>(p.max_position - 1));
+    slots[threadIdx.x] = load_index(p.slot_mapping, p.slots_are_int64, token);
+    const uint8_t* cos_sin = static_cast<const uint8_t*>(p.cos_sin_cache) +
+                             position * layout.cos_sin_bytes;
+    cute::SM90_BULK_COPY_G2S::copy(
+        cos_sin, &copy_done,
+        tile + layout.cos_sin_offset() + threadIdx.x * layout.cos_sin_bytes,
+        layout.cos_sin_bytes);
+  }
   pdl_launch_dependents();
 
-  // Phase 1: issue every independent load of the group's items before any
-  // use, so their latencies overlap instead of chaining.
-  // Raw 16-byte vectors: converting to fp32 only at use halves the registers
-  // that the loads in flight occupy.
-  WorkItem items[kItemsPerGroup];
-  uint4 raw[kItemsPerGroup];
-#pragma unroll
-  for (int i = 0; i < kItemsPerGroup; ++i) {
-    WorkItem& it = items[i];
-    const int64_t item = first_item + i;
-    it.active = item < num_items;
-    it.token = it.active ? static_cast<int>(item / heads_per_token) : 0;
-    it.head = it.active ? static_cast<int>(item % heads_per_token) : 0;
-    it.is_q = it.head < p.num_q_heads;
-    it.is_v = it.head >= p.num_q_heads + p.num_kv_heads;
-    it.slot = it.active && !it.is_q
-                  ? load_index(p.slot_mapping, p.slots_are_int64, it.token)
-                  : 0;
-    it.position = it.active && !it.is_v
-                      ? load_index(p.positions, p.positions_are_int64, it.token)
-                      : 0;
-    raw[i] = it.active ? *reinterpret_cast<const uint4*>(
-                             static_cast<const T*>(p.qkv) +
-                             it.token * p.qkv_row_stride + it.head * kHeadDim +
-                             first_channel)
-                       : make_uint4(0, 0, 0, 0);
-  }
+  const int lane = threadIdx.x % kLanes;
+  const int first_channel = lane * kVecElems;
   const float k_scale_inv = p.cache_is_fp8 ? 1.f / *p.k_scale : 1.f;
   const float v_scale_inv = p.cache_is_fp8 ? 1.f / *p.v_scale : 1.f;
 
-  // Phase 2, per item: norm weights and cos/sin rows are small and shared by
-  // every head of a token, so they are L1/L2 hits and are loaded next to
-  // their use. Norm and rope run on every lane, V heads and idle lanes
-  // included, so the group shuffles inside always see a converged warp; only
-  // Q/K heads keep the result.
-#pragma unroll
-  for (int i = 0; i < kItemsPerGroup; ++i) {
-    const WorkItem& it = items[i];
-    const bool qk = !it.is_v;
-    const bool rotates = it.active && qk && first_channel < p.rotary_dim;
-    float w[kVecElems], cos_v[kVecElems], sin_v[kVecElems];
+  __syncthreads();  // slots[] visible to every thread
+  Barrier::wait(&copy_done, 0);
+
+  // Every group runs the same number of iterations, so the shuffles inside
+  // norm, rope and amax always see converged warps; idle groups compute on
+  // zeros and store nothing.
+  const int heads_per_token = p.num_q_heads + 2 * p.num_kv_heads;
+  const int tasks = tokens * heads_per_token;
+  for (int base = 0; base < tasks; base += kGroupsPerBlock) {
+    const int task = base + static_cast<int>(threadIdx.x) / kLanes;
+    const bool active = task < tasks;
+    const int t = active ? task / heads_per_token : 0;
+    const int head = active ? task % heads_per_token : 0;
+    const bool is_q = head < p.num_q_heads;
+    const bool is_v = head >= p.num_q_heads + p.num_kv_heads;
+    const bool rotates = active && !is_v && first_channel < p.rotary_dim;
+
+    float x[kVecElems];
+    const uint4 raw = *reinterpret_cast<const uint4*>(
+        tile + t * layout.row_bytes +
+        (head * kHeadDim + first_channel) * static_cast<int>(sizeof(T)));
+    unpack8(reinterpret_cast<const T*>(&raw), x);
+
+    float cos_v[kVecElems], sin_v[kVecElems];
+    if (rotates) {
+      const uint8_t* row =
+          tile + layout.cos_sin_offset() + t * layout.cos_sin_bytes;
+      if (p.cos_sin_is_fp32) {
+        read_cos_sin(reinterpret_cast<const float*>(row), p.rotary_dim,
+                     p.is_neox, first_channel, cos_v, sin_v);
+      } else {
+        read_cos_sin(reinterpret_cast<const T*>(row), p.rotary_dim, p.is_neox,
+                     first_channel, cos_v, sin_v);
+      }
+    }
+    // Norm weights are the same for every CTA: L1/L2 hits, loaded at use.
+    float w[kVecElems];
     if (p.norm_policy != QkNormPolicy::kNone) {
-      load_weight<T>(it.is_q ? p.q_norm_weight : p.k_norm_weight,
+      load_weight<T>(is_q ? p.q_norm_weight : p.k_norm_weight,
                      p.norm_weight_is_fp32, first_channel, w);
     }
-    if (rotates) {
-      load_cos_sin<T>(p, it.position, first_channel, cos_v, sin_v);
-    }
-    float x[kVecElems], y[kVecElems];
-    unpack8(reinterpret_cast<const T*>(&raw[i]), x);
+
+    float y[kVecElems];
 #pragma unroll
     for (int e = 0; e < kVecElems; ++e) y[e] = x[e];
     if (p.norm_policy == QkNormPolicy::kNormThenRope) {
@@ -242,7 +280,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     if (p.norm_policy == QkNormPolicy::kRopeThenNorm) {
       rms_norm<kLanes>(y, w, p.eps);
     }
-    if (qk) {
+    if (!is_v) {
 #pragma unroll
       for (int e = 0; e < kVecElems; ++e) x[e] = y[e];
     }
@@ -256,31 +294,31 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       for (int e = 0; e < kVecElems; ++e) amax = fmaxf(amax, fabsf(x[e]));
       amax = group_max<kLanes>(amax);
     }
-    if (!it.writes()) continue;
-    if (it.is_q && p.q_out_is_fp8) {
-      const int64_t row =
-          static_cast<int64_t>(it.token) * p.num_q_heads + it.head;
-      store8_fp8(
-          static_cast<uint8_t*>(p.q_out) + row * kHeadDim + first_channel, x,
-          amax > 0.f ? kFp8E4m3Max / amax : 0.f);
-      if (lane == 0) p.q_scale[row] = amax / kFp8E4m3Max;
+    if (!active) continue;
+
+    const int token = first_token + t;
+    if (is_q) {
+      const int64_t row = static_cast<int64_t>(token) * p.num_q_heads + head;
+      const int64_t offset = row * kHeadDim + first_channel;
+      if (p.q_out_is_fp8) {
+        store8_fp8(static_cast<uint8_t*>(p.q_out) + offset, x,
+                   amax > 0.f ? kFp8E4m3Max / amax : 0.f);
+        if (lane == 0) p.q_scale[row] = amax / kFp8E4m3Max;
+      } else {
+        store8(static_cast<T*>(p.q_out) + offset, x);
+      }
       continue;
     }
-    if (it.is_q) {
-      const int64_t row =
-          static_cast<int64_t>(it.token) * p.num_q_heads + it.head;
-      store8(static_cast<T*>(p.q_out) + row * kHeadDim + first_channel, x);
-      continue;
-    }
-    const int kv_head =
-        it.head - p.num_q_heads - (it.is_v ? p.num_kv_heads : 0);
-    const int64_t offset = (it.slot / p.block_size) * p.cache_block_stride +
-                           (it.slot % p.block_size) * p.cache_token_stride +
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;  // padding token: no cache write
+    const int kv_head = head - p.num_q_heads - (is_v ? p.num_kv_heads : 0);
+    const int64_t offset = (slot / p.block_size) * p.cache_block_stride +
+                           (slot % p.block_size) * p.cache_token_stride +
                            kv_head * p.cache_head_stride + first_channel;
-    void* cache = it.is_v ? p.value_cache : p.key_cache;
+    void* cache = is_v ? p.value_cache : p.key_cache;
     if (p.cache_is_fp8) {
       store8_fp8(static_cast<uint8_t*>(cache) + offset, x,
-                 it.is_v ? v_scale_inv : k_scale_inv);
+                 is_v ? v_scale_inv : k_scale_inv);
     } else {
       store8(static_cast<T*>(cache) + offset, x);
     }

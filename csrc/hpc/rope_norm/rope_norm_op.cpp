@@ -57,6 +57,7 @@ void rope_norm_store_kv(const at::Tensor& qkv, const at::Tensor& positions,
   TORCH_CHECK(p.cos_sin_is_fp32 ||
               cos_sin_cache.scalar_type() == qkv.scalar_type());
   p.rotary_dim = static_cast<int>(cos_sin_cache.size(1));
+  p.max_position = static_cast<int>(cos_sin_cache.size(0));
   p.is_neox = is_neox;
 
   p.norm_policy = static_cast<QkNormPolicy>(norm_policy);
