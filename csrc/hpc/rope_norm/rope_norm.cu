@@ -18,29 +18,39 @@ namespace hpc {
 
 namespace {
 
-// Shared memory a CTA aims to keep in flight. Several CTAs share an SM, so
-// each SM holds well over the ~32 KB of outstanding loads that saturating
-// HBM needs, while small batches still spread over many SMs.
+// Bytes of one tile and of a CTA's ring of stages. Two CTAs per SM with three
+// 32 KB stages each keep ~190 KB of reads in flight per SM, far above what
+// saturating HBM needs, while small batches still spread over many SMs.
 constexpr int kTileBytesTarget = 32 * 1024;
+constexpr int kRingBytesTarget = 96 * 1024;
+constexpr int kCtasPerSm = 2;
 
 rope_norm::TileLayout plan_tiles(const RopeNormParams& p,
                                  const DeviceInfo& device) {
   rope_norm::TileLayout layout{};
   layout.row_bytes = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim * 2;
   layout.cos_sin_bytes = p.rotary_dim * (p.cos_sin_is_fp32 ? 4 : 2);
-  const int per_token = layout.row_bytes + layout.cos_sin_bytes;
-  // As many tokens as fit the target, but no fewer CTAs than two per SM
-  // while there are tokens to spread.
-  int tile = std::max(1, kTileBytesTarget / per_token);
-  const int spread =
-      (p.num_tokens + 2 * device.sm_count - 1) / (2 * device.sm_count);
-  tile = std::min({tile, std::max(1, spread), rope_norm::kThreadsPerBlock});
-  if (tile * per_token > device.max_smem_per_block) {
+  const int per_token = layout.row_bytes + layout.cos_sin_bytes + 8;
+  // As many tokens as fit the target, but small enough that every SM gets
+  // work while there are tokens to spread.
+  const int spread = (p.num_tokens + kCtasPerSm * device.sm_count - 1) /
+                     (kCtasPerSm * device.sm_count);
+  layout.tile_tokens =
+      std::min({std::max(1, kTileBytesTarget / per_token), std::max(1, spread),
+                rope_norm::kMaxTileTokens});
+  layout.num_tiles =
+      (p.num_tokens + layout.tile_tokens - 1) / layout.tile_tokens;
+  layout.stages = std::clamp(kRingBytesTarget / layout.stage_bytes(), 2,
+                             rope_norm::kMaxStages);
+  // Never more stages than the CTA has tiles to fill them with.
+  const int ctas = std::min(layout.num_tiles, kCtasPerSm * device.sm_count);
+  const int tiles_per_cta = (layout.num_tiles + ctas - 1) / ctas;
+  layout.stages = std::max(1, std::min(layout.stages, tiles_per_cta));
+  if (layout.bytes() > device.max_smem_per_block) {
     throw std::invalid_argument(
         "rope_norm: one token's QKV row (" + std::to_string(per_token) +
         " bytes) exceeds the device's shared memory per block");
   }
-  layout.tile_tokens = tile;
   return layout;
 }
 
@@ -55,9 +65,8 @@ void launch_typed(const RopeNormParams& params, cudaStream_t stream) {
     HPC_CUDA_CHECK(cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  const int blocks =
-      (params.num_tokens + layout.tile_tokens - 1) / layout.tile_tokens;
-  launch_with_pdl(kernel, dim3(blocks), dim3(rope_norm::kThreadsPerBlock), smem,
+  const int ctas = std::min(layout.num_tiles, kCtasPerSm * device.sm_count);
+  launch_with_pdl(kernel, dim3(ctas), dim3(rope_norm::kThreadsPerBlock), smem,
                   stream, params, layout);
 }
 

@@ -1,16 +1,16 @@
 // Device code of the fused prologue.
 //
-// Work decomposition: each CTA owns a tile of consecutive tokens. One thread
-// moves the tile's packed QKV rows into shared memory with the bulk-copy
-// engine (cp.async.bulk, completing on an mbarrier), and the tile's cos/sin
-// rows follow as soon as their positions are known, so the CTA keeps a whole
-// tile of HBM traffic in flight without holding it in registers. Then a "head
-// group" of head_dim / 8 lanes processes one (token, head) pair at a time:
-// each lane holds 8 contiguous channels, reductions (RMSNorm, FP8 amax) are
-// shuffles inside the group, the NeoX rotation partner of a lane is another
-// lane of the group, and results go straight to the outputs with 16-byte
-// stores. Work is indexed by token, never by request, so prefill and decode
-// batches of the same size cost the same.
+// Work decomposition: tokens are cut into tiles of consecutive tokens that
+// persistent CTAs take in turn. In each CTA one producer warp moves a tile's
+// packed QKV rows, and each token's cos/sin row, into a ring of shared-memory
+// stages with the bulk-copy engine (cp.async.bulk completing on mbarriers), so
+// several tiles of HBM reads are in flight without holding them in registers.
+// The consumer warps process a tile as (token, head) pairs, one per "head
+// group" of head_dim / 8 lanes: each lane holds 8 contiguous channels,
+// reductions (RMSNorm, FP8 amax) are shuffles inside the group, the NeoX
+// rotation partner of a lane is another lane of the group, and results go
+// straight to the outputs with 16-byte stores. Work is indexed by token, never
+// by request, so prefill and decode batches of the same size cost the same.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,10 +26,6 @@
 
 namespace hpc {
 namespace rope_norm {
-
-constexpr int kThreadsPerBlock = 256;
-// Four CTAs per SM keep four token tiles of loads in flight on each SM.
-constexpr int kMinBlocksPerSm = 4;
 
 __device__ __forceinline__ int64_t load_index(const void* ptr, bool is_int64,
                                               int i) {
@@ -147,97 +143,136 @@ __device__ __forceinline__ void apply_rope(float (&x)[kVecElems],
   }
 }
 
-// Shared-memory layout of one token tile, all offsets 16-byte aligned:
+// Shared memory of the token-tile pipeline: `stages` buffers, each holding
 //   [tile_tokens x row_bytes]      packed QKV rows
 //   [tile_tokens x cos_sin_bytes]  cos/sin rows at the tokens' positions
-// plus static storage for the tokens' slots and the copy barrier.
+//   [tile_tokens x 8]              the tokens' cache slots
+// All offsets are 16-byte aligned (row and cos/sin sizes are multiples of 16).
 struct TileLayout {
-  int tile_tokens;
+  int tile_tokens;    // <= 32: one producer lane per token
   int row_bytes;      // (num_q_heads + 2 * num_kv_heads) * head_dim * 2
   int cos_sin_bytes;  // rotary_dim * sizeof(cos/sin element)
+  int stages;         // <= kMaxStages
+  int num_tiles;
 
   __host__ __device__ int cos_sin_offset() const {
     return tile_tokens * row_bytes;
   }
-  __host__ __device__ int bytes() const {
+  __host__ __device__ int slots_offset() const {
     return tile_tokens * (row_bytes + cos_sin_bytes);
   }
+  __host__ __device__ int stage_bytes() const {
+    return slots_offset() + tile_tokens * static_cast<int>(sizeof(int64_t));
+  }
+  __host__ __device__ int bytes() const { return stages * stage_bytes(); }
 };
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm)
-    rope_norm_kernel(const __grid_constant__ RopeNormParams p,
-                     const TileLayout layout) {
-  constexpr int kLanes = kHeadDim / kVecElems;
-  constexpr int kGroupsPerBlock = kThreadsPerBlock / kLanes;
-  static_assert(kLanes <= 32 && 32 % kLanes == 0, "head must fit a warp");
+constexpr int kMaxStages = 4;
+constexpr int kMaxTileTokens = 32;
+constexpr int kConsumerWarps = 8;
+constexpr int kThreadsPerBlock = 32 * (1 + kConsumerWarps);
+
+// Producer side (warp 0): for each of the CTA's tiles, waits for a free stage,
+// then moves the QKV rows (lane 0) and each token's cos/sin row (one lane per
+// token) into it with the bulk-copy engine, and records the tokens' slots.
+// Positions and slots of the next tile are loaded while the current one is
+// issued, so the warp never waits on them serially.
+template <typename T>
+__device__ __forceinline__ void produce_tiles(const RopeNormParams& p,
+                                              const TileLayout& layout,
+                                              uint8_t* smem, uint64_t* full,
+                                              uint64_t* empty) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  const int lane = threadIdx.x % 32;
+  auto token_index = [&](int tile) {
+    const int token = tile * layout.tile_tokens + lane;
+    return lane < layout.tile_tokens && token < p.num_tokens ? token : -1;
+  };
+  auto load_position = [&](int token) -> int64_t {
+    if (token < 0) return 0;
+    // Clamped so a stale position of a padding token cannot read outside
+    // the cos/sin cache.
+    const int64_t position =
+        load_index(p.positions, p.positions_are_int64, token);
+    return min(max(position, int64_t{0}),
+               static_cast<int64_t>(p.max_position - 1));
+  };
+  auto load_slot = [&](int token) -> int64_t {
+    return token < 0 ? -1
+                     : load_index(p.slot_mapping, p.slots_are_int64, token);
+  };
 
-  extern __shared__ __align__(128) uint8_t tile[];
-  __shared__ uint64_t copy_done;
-  __shared__ int64_t slots[kThreadsPerBlock];
+  int tile = blockIdx.x;
+  int token = token_index(tile);
+  int64_t position = load_position(token);
+  int64_t slot = load_slot(token);
+  for (int i = 0; tile < layout.num_tiles; ++i, tile += gridDim.x) {
+    const int next_token = token_index(tile + gridDim.x);
+    const int64_t next_position = load_position(next_token);
+    const int64_t next_slot = load_slot(next_token);
 
-  const int first_token = blockIdx.x * layout.tile_tokens;
-  const int tokens = min(layout.tile_tokens, p.num_tokens - first_token);
-
-  if (threadIdx.x == 0) {
-    Barrier::init(&copy_done, 1);
-    cutlass::arch::fence_barrier_init();
-  }
-  __syncthreads();
-
-  // Inputs may be produced by the previous kernel (the QKV projection).
-  pdl_wait_for_producer();
-
-  if (threadIdx.x == 0) {
-    Barrier::arrive_and_expect_tx(
-        &copy_done, tokens * (layout.row_bytes + layout.cos_sin_bytes));
-    const T* rows =
-        static_cast<const T*>(p.qkv) + first_token * p.qkv_row_stride;
-    if (p.qkv_row_stride * static_cast<int64_t>(sizeof(T)) ==
-        layout.row_bytes) {
-      cute::SM90_BULK_COPY_G2S::copy(rows, &copy_done, tile,
-                                     tokens * layout.row_bytes);
-    } else {
-      for (int t = 0; t < tokens; ++t) {
-        cute::SM90_BULK_COPY_G2S::copy(rows + t * p.qkv_row_stride, &copy_done,
-                                       tile + t * layout.row_bytes,
-                                       layout.row_bytes);
+    const int stage = i % layout.stages;
+    Barrier::wait(&empty[stage], ((i / layout.stages) & 1) ^ 1);
+    uint8_t* buffer = smem + stage * layout.stage_bytes();
+    const int first = tile * layout.tile_tokens;
+    const int tokens = min(layout.tile_tokens, p.num_tokens - first);
+    if (lane == 0) {
+      Barrier::expect_transaction(
+          &full[stage], tokens * (layout.row_bytes + layout.cos_sin_bytes));
+      const T* rows = static_cast<const T*>(p.qkv) + first * p.qkv_row_stride;
+      if (p.qkv_row_stride * static_cast<int64_t>(sizeof(T)) ==
+          layout.row_bytes) {
+        cute::SM90_BULK_COPY_G2S::copy(rows, &full[stage], buffer,
+                                       tokens * layout.row_bytes);
+      } else {
+        for (int t = 0; t < tokens; ++t) {
+          cute::SM90_BULK_COPY_G2S::copy(
+              rows + t * p.qkv_row_stride, &full[stage],
+              buffer + t * layout.row_bytes, layout.row_bytes);
+        }
       }
     }
-  }
-  if (threadIdx.x < tokens) {
-    const int token = first_token + threadIdx.x;
-    // Clamped so that a stale position of a padding token cannot read
-    // outside the cos/sin cache.
-    const int64_t position = min(
-        max(load_index(p.positions, p.positions_are_int64, token), int64_t{0}),
-        static_cast<int64_t>(p.max_position - 1));
-    slots[threadIdx.x] = load_index(p.slot_mapping, p.slots_are_int64, token);
-    const uint8_t* cos_sin = static_cast<const uint8_t*>(p.cos_sin_cache) +
-                             position * layout.cos_sin_bytes;
-    cute::SM90_BULK_COPY_G2S::copy(
-        cos_sin, &copy_done,
-        tile + layout.cos_sin_offset() + threadIdx.x * layout.cos_sin_bytes,
-        layout.cos_sin_bytes);
-  }
-  pdl_launch_dependents();
+    __syncwarp();  // the expected bytes are set before any copy can land
+    if (token >= 0) {
+      reinterpret_cast<int64_t*>(buffer + layout.slots_offset())[lane] = slot;
+      cute::SM90_BULK_COPY_G2S::copy(
+          static_cast<const uint8_t*>(p.cos_sin_cache) +
+              position * layout.cos_sin_bytes,
+          &full[stage],
+          buffer + layout.cos_sin_offset() + lane * layout.cos_sin_bytes,
+          layout.cos_sin_bytes);
+    }
+    // The arrive releases the slot stores of the whole warp (ordered before
+    // it by the warp barrier) to the consumers that wait on this phase.
+    __syncwarp();
+    if (lane == 0) Barrier::arrive(&full[stage]);
 
-  const int lane = threadIdx.x % kLanes;
+    token = next_token;
+    position = next_position;
+    slot = next_slot;
+  }
+}
+
+// Consumer side: one tile, already in shared memory. A head group handles
+// one (token, head) pair per step; every group runs the same number of steps
+// so the shuffles inside norm, rope and amax always see converged warps
+// (idle groups compute on stale data and store nothing).
+template <typename T, int kHeadDim>
+__device__ __forceinline__ void process_tile(
+    const RopeNormParams& p, const TileLayout& layout, const uint8_t* buffer,
+    int first_token, int tokens, float k_scale_inv, float v_scale_inv) {
+  constexpr int kLanes = kHeadDim / kVecElems;
+  constexpr int kGroups = 32 * kConsumerWarps / kLanes;
+  const int consumer = threadIdx.x - 32;
+  const int lane = consumer % kLanes;
   const int first_channel = lane * kVecElems;
-  const float k_scale_inv = p.cache_is_fp8 ? 1.f / *p.k_scale : 1.f;
-  const float v_scale_inv = p.cache_is_fp8 ? 1.f / *p.v_scale : 1.f;
-
-  __syncthreads();  // slots[] visible to every thread
-  Barrier::wait(&copy_done, 0);
-
-  // Every group runs the same number of iterations, so the shuffles inside
-  // norm, rope and amax always see converged warps; idle groups compute on
-  // zeros and store nothing.
   const int heads_per_token = p.num_q_heads + 2 * p.num_kv_heads;
   const int tasks = tokens * heads_per_token;
-  for (int base = 0; base < tasks; base += kGroupsPerBlock) {
-    const int task = base + static_cast<int>(threadIdx.x) / kLanes;
+  const int64_t* slots =
+      reinterpret_cast<const int64_t*>(buffer + layout.slots_offset());
+
+  for (int base = 0; base < tasks; base += kGroups) {
+    const int task = base + consumer / kLanes;
     const bool active = task < tasks;
     const int t = active ? task / heads_per_token : 0;
     const int head = active ? task % heads_per_token : 0;
@@ -247,14 +282,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm)
 
     float x[kVecElems];
     const uint4 raw = *reinterpret_cast<const uint4*>(
-        tile + t * layout.row_bytes +
+        buffer + t * layout.row_bytes +
         (head * kHeadDim + first_channel) * static_cast<int>(sizeof(T)));
     unpack8(reinterpret_cast<const T*>(&raw), x);
 
     float cos_v[kVecElems], sin_v[kVecElems];
     if (rotates) {
       const uint8_t* row =
-          tile + layout.cos_sin_offset() + t * layout.cos_sin_bytes;
+          buffer + layout.cos_sin_offset() + t * layout.cos_sin_bytes;
       if (p.cos_sin_is_fp32) {
         read_cos_sin(reinterpret_cast<const float*>(row), p.rotary_dim,
                      p.is_neox, first_channel, cos_v, sin_v);
@@ -263,7 +298,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm)
                      first_channel, cos_v, sin_v);
       }
     }
-    // Norm weights are the same for every CTA: L1/L2 hits, loaded at use.
+    // Norm weights are the same for every CTA: L1 hits, loaded at use.
     float w[kVecElems];
     if (p.norm_policy != QkNormPolicy::kNone) {
       load_weight<T>(is_q ? p.q_norm_weight : p.k_norm_weight,
@@ -322,6 +357,53 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kMinBlocksPerSm)
     } else {
       store8(static_cast<T*>(cache) + offset, x);
     }
+  }
+}
+
+// Persistent CTAs: warp 0 produces token tiles into a ring of shared-memory
+// stages, the other warps consume them, so the next tiles' HBM reads are
+// always in flight while the current one is computed and stored.
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    rope_norm_kernel(const __grid_constant__ RopeNormParams p,
+                     const TileLayout layout) {
+  static_assert(kHeadDim / kVecElems <= 32 && 32 % (kHeadDim / kVecElems) == 0,
+                "a head must fit in a warp");
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ uint64_t full[kMaxStages];
+  __shared__ uint64_t empty[kMaxStages];
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < layout.stages; ++s) {
+      Barrier::init(&full[s], 1);
+      Barrier::init(&empty[s], kConsumerWarps);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Inputs may be produced by the previous kernel (the QKV projection).
+  pdl_wait_for_producer();
+  pdl_launch_dependents();
+
+  if (threadIdx.x < 32) {
+    produce_tiles<T>(p, layout, smem, full, empty);
+    return;
+  }
+  const float k_scale_inv = p.cache_is_fp8 ? 1.f / *p.k_scale : 1.f;
+  const float v_scale_inv = p.cache_is_fp8 ? 1.f / *p.v_scale : 1.f;
+  int i = 0;
+  for (int tile = blockIdx.x; tile < layout.num_tiles; tile += gridDim.x, ++i) {
+    const int stage = i % layout.stages;
+    Barrier::wait(&full[stage], (i / layout.stages) & 1);
+    const int first = tile * layout.tile_tokens;
+    process_tile<T, kHeadDim>(p, layout, smem + stage * layout.stage_bytes(),
+                              first,
+                              min(layout.tile_tokens, p.num_tokens - first),
+                              k_scale_inv, v_scale_inv);
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) Barrier::arrive(&empty[stage]);
   }
 }
 
