@@ -88,6 +88,18 @@ CASES: list[dict[str, object]] = [
         cache_dtype=FP8_DTYPE,
         q_out_dtype=FP8_DTYPE,
     ),
+    # More tiles than two CTAs per SM on any Hopper part: every CTA cycles
+    # through its ring of shared-memory stages more than once.
+    dict(
+        num_tokens=1100,
+        num_q_heads=16,
+        num_kv_heads=2,
+        head_size=128,
+        block_size=64,
+        norm_policy=NORM_NORM_THEN_ROPE,
+        layout=KvLayout.HPC,
+        num_padding=7,
+    ),
 ]
 
 

@@ -147,7 +147,8 @@ __device__ __forceinline__ void apply_rope(float (&x)[kVecElems],
 //   [tile_tokens x row_bytes]      packed QKV rows
 //   [tile_tokens x cos_sin_bytes]  cos/sin rows at the tokens' positions
 //   [tile_tokens x 8]              the tokens' cache slots
-// All offsets are 16-byte aligned (row and cos/sin sizes are multiples of 16).
+// Offsets inside a stage are 16-byte aligned: row and cos/sin sizes are
+// multiples of 16.
 struct TileLayout {
   int tile_tokens;    // <= 32: one producer lane per token
   int row_bytes;      // (num_q_heads + 2 * num_kv_heads) * head_dim * 2
@@ -161,8 +162,12 @@ struct TileLayout {
   __host__ __device__ int slots_offset() const {
     return tile_tokens * (row_bytes + cos_sin_bytes);
   }
+  // Rounded up so that every stage starts 128-byte aligned, as the bulk
+  // copies into it require (16 bytes at least).
   __host__ __device__ int stage_bytes() const {
-    return slots_offset() + tile_tokens * static_cast<int>(sizeof(int64_t));
+    const int bytes =
+        slots_offset() + tile_tokens * static_cast<int>(sizeof(int64_t));
+    return (bytes + 127) / 128 * 128;
   }
   __host__ __device__ int bytes() const { return stages * stage_bytes(); }
 };
@@ -260,7 +265,8 @@ __device__ __forceinline__ void produce_tiles(const RopeNormParams& p,
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void process_tile(
     const RopeNormParams& p, const TileLayout& layout, const uint8_t* buffer,
-    int first_token, int tokens, float k_scale_inv, float v_scale_inv) {
+    int first_token, int tokens, const float (&q_weight)[kVecElems],
+    const float (&k_weight)[kVecElems], float k_scale_inv, float v_scale_inv) {
   constexpr int kLanes = kHeadDim / kVecElems;
   constexpr int kGroups = 32 * kConsumerWarps / kLanes;
   const int consumer = threadIdx.x - 32;
@@ -298,12 +304,9 @@ __device__ __forceinline__ void process_tile(
                      first_channel, cos_v, sin_v);
       }
     }
-    // Norm weights are the same for every CTA: L1 hits, loaded at use.
     float w[kVecElems];
-    if (p.norm_policy != QkNormPolicy::kNone) {
-      load_weight<T>(is_q ? p.q_norm_weight : p.k_norm_weight,
-                     p.norm_weight_is_fp32, first_channel, w);
-    }
+#pragma unroll
+    for (int e = 0; e < kVecElems; ++e) w[e] = is_q ? q_weight[e] : k_weight[e];
 
     float y[kVecElems];
 #pragma unroll
@@ -391,6 +394,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     produce_tiles<T>(p, layout, smem, full, empty);
     return;
   }
+  // Loaded once per CTA, before the first tile arrives, so their latency
+  // overlaps the first copies.
+  const int first_channel =
+      (threadIdx.x - 32) % (kHeadDim / kVecElems) * kVecElems;
+  float q_weight[kVecElems] = {}, k_weight[kVecElems] = {};
+  if (p.norm_policy != QkNormPolicy::kNone) {
+    load_weight<T>(p.q_norm_weight, p.norm_weight_is_fp32, first_channel,
+                   q_weight);
+    load_weight<T>(p.k_norm_weight, p.norm_weight_is_fp32, first_channel,
+                   k_weight);
+  }
   const float k_scale_inv = p.cache_is_fp8 ? 1.f / *p.k_scale : 1.f;
   const float v_scale_inv = p.cache_is_fp8 ? 1.f / *p.v_scale : 1.f;
   int i = 0;
@@ -401,7 +415,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     process_tile<T, kHeadDim>(p, layout, smem + stage * layout.stage_bytes(),
                               first,
                               min(layout.tile_tokens, p.num_tokens - first),
-                              k_scale_inv, v_scale_inv);
+                              q_weight, k_weight, k_scale_inv, v_scale_inv);
     __syncwarp();
     if (threadIdx.x % 32 == 0) Barrier::arrive(&empty[stage]);
   }
