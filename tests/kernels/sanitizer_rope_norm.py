@@ -91,9 +91,9 @@ CASES: list[dict[str, object]] = [
     # More tiles than two CTAs per SM on any Hopper part: every CTA cycles
     # through its ring of shared-memory stages more than once.
     dict(
-        num_tokens=1100,
-        num_q_heads=16,
-        num_kv_heads=2,
+        num_tokens=600,
+        num_q_heads=64,
+        num_kv_heads=8,
         head_size=128,
         block_size=64,
         norm_policy=NORM_NORM_THEN_ROPE,
