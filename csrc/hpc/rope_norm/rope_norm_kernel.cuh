@@ -146,7 +146,7 @@ __device__ __forceinline__ void apply_rope(float (&x)[kVecElems],
 // Shared memory of the token-tile pipeline: `stages` buffers, each holding
 //   [tile_tokens x row_bytes]      packed QKV rows
 //   [tile_tokens x cos_sin_bytes]  cos/sin rows at the tokens' positions
-//   [tile_tokens x 8]              the tokens' cache slots
+//   [tile_tokens x 8]              each token's K/V cache offset (-1: padding)
 // Offsets inside a stage are 16-byte aligned: row and cos/sin sizes are
 // multiples of 16.
 struct TileLayout {
@@ -159,14 +159,14 @@ struct TileLayout {
   __host__ __device__ int cos_sin_offset() const {
     return tile_tokens * row_bytes;
   }
-  __host__ __device__ int slots_offset() const {
+  __host__ __device__ int cache_offsets_offset() const {
     return tile_tokens * (row_bytes + cos_sin_bytes);
   }
   // Rounded up so that every stage starts 128-byte aligned, as the bulk
   // copies into it require (16 bytes at least).
   __host__ __device__ int stage_bytes() const {
-    const int bytes =
-        slots_offset() + tile_tokens * static_cast<int>(sizeof(int64_t));
+    const int bytes = cache_offsets_offset() +
+                      tile_tokens * static_cast<int>(sizeof(int64_t));
     return (bytes + 127) / 128 * 128;
   }
   __host__ __device__ int bytes() const { return stages * stage_bytes(); }
@@ -179,7 +179,9 @@ constexpr int kThreadsPerBlock = 32 * (1 + kConsumerWarps);
 
 // Producer side (warp 0): for each of the CTA's tiles, waits for a free stage,
 // then moves the QKV rows (lane 0) and each token's cos/sin row (one lane per
-// token) into it with the bulk-copy engine, and records the tokens' slots.
+// token) into it with the bulk-copy engine, and records where each token's
+// K/V rows go in the cache (the slot arithmetic is done once per token here,
+// not once per head and lane by the consumers).
 // Positions and slots of the next tile are loaded while the current one is
 // issued, so the warp never waits on them serially.
 template <typename T>
@@ -239,7 +241,10 @@ __device__ __forceinline__ void produce_tiles(const RopeNormParams& p,
     }
     __syncwarp();  // the expected bytes are set before any copy can land
     if (token >= 0) {
-      reinterpret_cast<int64_t*>(buffer + layout.slots_offset())[lane] = slot;
+      reinterpret_cast<int64_t*>(buffer + layout.cache_offsets_offset())[lane] =
+          slot < 0 ? -1
+                   : (slot / p.block_size) * p.cache_block_stride +
+                         (slot % p.block_size) * p.cache_token_stride;
       cute::SM90_BULK_COPY_G2S::copy(
           static_cast<const uint8_t*>(p.cos_sin_cache) +
               position * layout.cos_sin_bytes,
@@ -247,7 +252,7 @@ __device__ __forceinline__ void produce_tiles(const RopeNormParams& p,
           buffer + layout.cos_sin_offset() + lane * layout.cos_sin_bytes,
           layout.cos_sin_bytes);
     }
-    // The arrive releases the slot stores of the whole warp (ordered before
+    // The arrive releases the offset stores of the whole warp (ordered before
     // it by the warp barrier) to the consumers that wait on this phase.
     __syncwarp();
     if (lane == 0) Barrier::arrive(&full[stage]);
@@ -274,14 +279,25 @@ __device__ __forceinline__ void process_tile(
   const int first_channel = lane * kVecElems;
   const int heads_per_token = p.num_q_heads + 2 * p.num_kv_heads;
   const int tasks = tokens * heads_per_token;
-  const int64_t* slots =
-      reinterpret_cast<const int64_t*>(buffer + layout.slots_offset());
+  const int64_t* cache_offsets =
+      reinterpret_cast<const int64_t*>(buffer + layout.cache_offsets_offset());
 
+  // (t, head) of this group's task, advanced by kGroups tasks per step
+  // without a division per step.
+  const int group = consumer / kLanes;
+  int step_t = group / heads_per_token;
+  int step_head = group % heads_per_token;
   for (int base = 0; base < tasks; base += kGroups) {
-    const int task = base + consumer / kLanes;
-    const bool active = task < tasks;
-    const int t = active ? task / heads_per_token : 0;
-    const int head = active ? task % heads_per_token : 0;
+    if (base > 0) {
+      step_head += kGroups;
+      while (step_head >= heads_per_token) {
+        step_head -= heads_per_token;
+        ++step_t;
+      }
+    }
+    const bool active = base + group < tasks;
+    const int t = active ? step_t : 0;
+    const int head = active ? step_head : 0;
     const bool is_q = head < p.num_q_heads;
     const bool is_v = head >= p.num_q_heads + p.num_kv_heads;
     const bool rotates = active && !is_v && first_channel < p.rotary_dim;
@@ -308,19 +324,23 @@ __device__ __forceinline__ void process_tile(
 #pragma unroll
     for (int e = 0; e < kVecElems; ++e) w[e] = is_q ? q_weight[e] : k_weight[e];
 
-    float y[kVecElems];
+    // Warps holding only V heads (or idle groups) skip norm and rope; the
+    // vote is warp-uniform, so the shuffles inside stay converged.
+    if (__any_sync(0xffffffffu, active && !is_v)) {
+      float y[kVecElems];
 #pragma unroll
-    for (int e = 0; e < kVecElems; ++e) y[e] = x[e];
-    if (p.norm_policy == QkNormPolicy::kNormThenRope) {
-      rms_norm<kLanes>(y, w, p.eps);
-    }
-    apply_rope<kLanes>(y, p, lane, rotates, cos_v, sin_v);
-    if (p.norm_policy == QkNormPolicy::kRopeThenNorm) {
-      rms_norm<kLanes>(y, w, p.eps);
-    }
-    if (!is_v) {
+      for (int e = 0; e < kVecElems; ++e) y[e] = x[e];
+      if (p.norm_policy == QkNormPolicy::kNormThenRope) {
+        rms_norm<kLanes>(y, w, p.eps);
+      }
+      apply_rope<kLanes>(y, p, lane, rotates, cos_v, sin_v);
+      if (p.norm_policy == QkNormPolicy::kRopeThenNorm) {
+        rms_norm<kLanes>(y, w, p.eps);
+      }
+      if (!is_v) {
 #pragma unroll
-      for (int e = 0; e < kVecElems; ++e) x[e] = y[e];
+        for (int e = 0; e < kVecElems; ++e) x[e] = y[e];
+      }
     }
 
     // FP8 Q: per-token-per-head scale from the head's amax. The reduction
@@ -347,12 +367,11 @@ __device__ __forceinline__ void process_tile(
       }
       continue;
     }
-    const int64_t slot = slots[t];
-    if (slot < 0) continue;  // padding token: no cache write
+    const int64_t token_offset = cache_offsets[t];
+    if (token_offset < 0) continue;  // padding token: no cache write
     const int kv_head = head - p.num_q_heads - (is_v ? p.num_kv_heads : 0);
-    const int64_t offset = (slot / p.block_size) * p.cache_block_stride +
-                           (slot % p.block_size) * p.cache_token_stride +
-                           kv_head * p.cache_head_stride + first_channel;
+    const int64_t offset =
+        token_offset + kv_head * p.cache_head_stride + first_channel;
     void* cache = is_v ? p.value_cache : p.key_cache;
     if (p.cache_is_fp8) {
       store8_fp8(static_cast<uint8_t*>(cache) + offset, x,
