@@ -48,27 +48,6 @@ __device__ __forceinline__ void unpack8(const T* elems,
   for (int i = 0; i < kVecElems; ++i) dst[i] = to_float(elems[i]);
 }
 
-// Loads 8 contiguous 16-bit elements (one 16-byte transaction) as floats.
-template <typename T>
-__device__ __forceinline__ void load8(const T* src, float (&dst)[kVecElems]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  unpack8(reinterpret_cast<const T*>(&raw), dst);
-}
-
-// Loads 8 contiguous elements of a runtime-selected type (fp32 or 16-bit).
-template <typename T>
-__device__ __forceinline__ void load8_any(const void* src, bool is_fp32,
-                                          float (&dst)[kVecElems]) {
-  if (is_fp32) {
-    const float4* p = reinterpret_cast<const float4*>(src);
-    float4 a = p[0], b = p[1];
-    dst[0] = a.x, dst[1] = a.y, dst[2] = a.z, dst[3] = a.w;
-    dst[4] = b.x, dst[5] = b.y, dst[6] = b.z, dst[7] = b.w;
-  } else {
-    load8(reinterpret_cast<const T*>(src), dst);
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ void store8(T* dst, const float (&src)[kVecElems]) {
   static_assert(sizeof(T) == 2, "store8 expects a 16-bit type");

@@ -18,12 +18,12 @@ namespace hpc {
 
 namespace {
 
-// Bytes of one tile and of a CTA's ring of stages. Two CTAs per SM with three
-// 32 KB stages each keep ~190 KB of reads in flight per SM, far above what
+// Bytes of one tile and of a CTA's ring of stages. Three CTAs per SM with
+// rings of about 64 KB keep ~190 KB of reads in flight per SM, far above what
 // saturating HBM needs, while small batches still spread over many SMs.
 constexpr int kTileBytesTarget = 32 * 1024;
-constexpr int kRingBytesTarget = 96 * 1024;
-constexpr int kCtasPerSm = 2;
+constexpr int kRingBytesTarget = 64 * 1024;
+using rope_norm::kCtasPerSm;
 
 rope_norm::TileLayout plan_tiles(const RopeNormParams& p,
                                  const DeviceInfo& device) {

@@ -52,25 +52,22 @@ __device__ __forceinline__ float group_max(float v) {
   return v;
 }
 
-template <typename T>
-__device__ __forceinline__ void load_weight(const void* weight, bool is_fp32,
-                                            int first, float (&w)[kVecElems]) {
-  if (is_fp32) {
-    load8_any<T>(static_cast<const float*>(weight) + first, true, w);
-  } else {
-    load8(static_cast<const T*>(weight) + first, w);
-  }
-}
-
+// RMSNorm of the head held by a lane group, in place where `apply` is set.
+// Every lane of the warp must call this (the sum is a group shuffle); lanes of
+// V heads pass apply = false and keep their values.
 template <int kLanes>
 __device__ __forceinline__ void rms_norm(float (&x)[kVecElems],
-                                         const float (&w)[kVecElems],
-                                         float eps) {
+                                         const float* weight, float eps,
+                                         bool apply) {
   float sum_sq = 0.f;
 #pragma unroll
   for (int i = 0; i < kVecElems; ++i) sum_sq += x[i] * x[i];
   sum_sq = group_sum<kLanes>(sum_sq);
+  if (!apply) return;
   const float inv_rms = rsqrtf(sum_sq / (kLanes * kVecElems) + eps);
+  const float4 w0 = reinterpret_cast<const float4*>(weight)[0];
+  const float4 w1 = reinterpret_cast<const float4*>(weight)[1];
+  const float w[kVecElems] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
 #pragma unroll
   for (int i = 0; i < kVecElems; ++i) x[i] = x[i] * inv_rms * w[i];
 }
@@ -176,6 +173,9 @@ constexpr int kMaxStages = 4;
 constexpr int kMaxTileTokens = 32;
 constexpr int kConsumerWarps = 8;
 constexpr int kThreadsPerBlock = 32 * (1 + kConsumerWarps);
+// Resident CTAs per SM: 24 consumer warps per SM hide the latency of the
+// per-head shuffle chains; the register cap this sets (~70) is spill-free.
+constexpr int kCtasPerSm = 3;
 
 // Producer side (warp 0): for each of the CTA's tiles, waits for a free stage,
 // then moves the QKV rows (lane 0) and each token's cos/sin row (one lane per
@@ -270,8 +270,8 @@ __device__ __forceinline__ void produce_tiles(const RopeNormParams& p,
 template <typename T, int kHeadDim>
 __device__ __forceinline__ void process_tile(
     const RopeNormParams& p, const TileLayout& layout, const uint8_t* buffer,
-    int first_token, int tokens, const float (&q_weight)[kVecElems],
-    const float (&k_weight)[kVecElems], float k_scale_inv, float v_scale_inv) {
+    int first_token, int tokens, const float* norm_weights, float k_scale_inv,
+    float v_scale_inv) {
   constexpr int kLanes = kHeadDim / kVecElems;
   constexpr int kGroups = 32 * kConsumerWarps / kLanes;
   const int consumer = threadIdx.x - 32;
@@ -320,26 +320,17 @@ __device__ __forceinline__ void process_tile(
                      first_channel, cos_v, sin_v);
       }
     }
-    float w[kVecElems];
-#pragma unroll
-    for (int e = 0; e < kVecElems; ++e) w[e] = is_q ? q_weight[e] : k_weight[e];
-
-    // Warps holding only V heads (or idle groups) skip norm and rope; the
+    // Norm and rope work in place on Q/K heads; V heads pass through
+    // unchanged. Warps holding only V heads (or idle groups) skip both: the
     // vote is warp-uniform, so the shuffles inside stay converged.
     if (__any_sync(0xffffffffu, active && !is_v)) {
-      float y[kVecElems];
-#pragma unroll
-      for (int e = 0; e < kVecElems; ++e) y[e] = x[e];
+      const float* w = norm_weights + (is_q ? 0 : kHeadDim) + first_channel;
       if (p.norm_policy == QkNormPolicy::kNormThenRope) {
-        rms_norm<kLanes>(y, w, p.eps);
+        rms_norm<kLanes>(x, w, p.eps, !is_v);
       }
-      apply_rope<kLanes>(y, p, lane, rotates, cos_v, sin_v);
+      apply_rope<kLanes>(x, p, lane, rotates, cos_v, sin_v);
       if (p.norm_policy == QkNormPolicy::kRopeThenNorm) {
-        rms_norm<kLanes>(y, w, p.eps);
-      }
-      if (!is_v) {
-#pragma unroll
-        for (int e = 0; e < kVecElems; ++e) x[e] = y[e];
+        rms_norm<kLanes>(x, w, p.eps, !is_v);
       }
     }
 
@@ -386,7 +377,7 @@ __device__ __forceinline__ void process_tile(
 // stages, the other warps consume them, so the next tiles' HBM reads are
 // always in flight while the current one is computed and stored.
 template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreadsPerBlock)
+__global__ void __launch_bounds__(kThreadsPerBlock, kCtasPerSm)
     rope_norm_kernel(const __grid_constant__ RopeNormParams p,
                      const TileLayout layout) {
   static_assert(kHeadDim / kVecElems <= 32 && 32 % (kHeadDim / kVecElems) == 0,
@@ -396,6 +387,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __shared__ uint64_t full[kMaxStages];
   __shared__ uint64_t empty[kMaxStages];
 
+  // Q then K norm weights as fp32. They are model parameters, not outputs of
+  // the previous kernel, so they load before the PDL wait.
+  __shared__ __align__(16) float norm_weights[2 * kHeadDim];
+  if (p.norm_policy != QkNormPolicy::kNone) {
+    for (int i = threadIdx.x; i < 2 * kHeadDim; i += blockDim.x) {
+      const void* weight = i < kHeadDim ? p.q_norm_weight : p.k_norm_weight;
+      const int c = i % kHeadDim;
+      norm_weights[i] = p.norm_weight_is_fp32
+                            ? static_cast<const float*>(weight)[c]
+                            : to_float(static_cast<const T*>(weight)[c]);
+    }
+  }
   if (threadIdx.x == 0) {
     for (int s = 0; s < layout.stages; ++s) {
       Barrier::init(&full[s], 1);
@@ -413,17 +416,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     produce_tiles<T>(p, layout, smem, full, empty);
     return;
   }
-  // Loaded once per CTA, before the first tile arrives, so their latency
-  // overlaps the first copies.
-  const int first_channel =
-      (threadIdx.x - 32) % (kHeadDim / kVecElems) * kVecElems;
-  float q_weight[kVecElems] = {}, k_weight[kVecElems] = {};
-  if (p.norm_policy != QkNormPolicy::kNone) {
-    load_weight<T>(p.q_norm_weight, p.norm_weight_is_fp32, first_channel,
-                   q_weight);
-    load_weight<T>(p.k_norm_weight, p.norm_weight_is_fp32, first_channel,
-                   k_weight);
-  }
   const float k_scale_inv = p.cache_is_fp8 ? 1.f / *p.k_scale : 1.f;
   const float v_scale_inv = p.cache_is_fp8 ? 1.f / *p.v_scale : 1.f;
   int i = 0;
@@ -434,7 +426,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     process_tile<T, kHeadDim>(p, layout, smem + stage * layout.stage_bytes(),
                               first,
                               min(layout.tile_tokens, p.num_tokens - first),
-                              q_weight, k_weight, k_scale_inv, v_scale_inv);
+                              norm_weights, k_scale_inv, v_scale_inv);
     __syncwarp();
     if (threadIdx.x % 32 == 0) Barrier::arrive(&empty[stage]);
   }
