@@ -28,22 +28,36 @@ using rope_norm::kCtasPerSm;
 rope_norm::TileLayout plan_tiles(const RopeNormParams& p,
                                  const DeviceInfo& device) {
   rope_norm::TileLayout layout{};
-  layout.row_bytes = (p.num_q_heads + 2 * p.num_kv_heads) * p.head_dim * 2;
+  const int heads = p.num_q_heads + 2 * p.num_kv_heads;
+  const int head_bytes = p.head_dim * 2;
+  const int target_ctas = kCtasPerSm * device.sm_count;
   layout.cos_sin_bytes = p.rotary_dim * (p.cos_sin_is_fp32 ? 4 : 2);
-  const int per_token = layout.row_bytes + layout.cos_sin_bytes + 8;
+  const int per_token = heads * head_bytes + layout.cos_sin_bytes + 8;
   // As many tokens as fit the target, but small enough that every SM gets
   // work while there are tokens to spread.
-  const int spread = (p.num_tokens + kCtasPerSm * device.sm_count - 1) /
-                     (kCtasPerSm * device.sm_count);
+  const int spread = (p.num_tokens + target_ctas - 1) / target_ctas;
   layout.tile_tokens =
       std::min({std::max(1, kTileBytesTarget / per_token), std::max(1, spread),
                 rope_norm::kMaxTileTokens});
-  layout.num_tiles =
+  const int token_tiles =
       (p.num_tokens + layout.tile_tokens - 1) / layout.tile_tokens;
+  // Too few token tiles to fill the device: split each token's heads over
+  // several CTAs, but never below one consumer step's worth of heads.
+  const int heads_per_step =
+      32 * rope_norm::kConsumerWarps / (p.head_dim / rope_norm::kLaneElems);
+  const int max_chunks = (heads + heads_per_step - 1) / heads_per_step;
+  const int chunks =
+      std::clamp(target_ctas / token_tiles, 1, std::max(1, max_chunks));
+  layout.heads_per_tile = (heads + chunks - 1) / chunks;
+  layout.head_chunks =
+      (heads + layout.heads_per_tile - 1) / layout.heads_per_tile;
+  layout.row_bytes = layout.heads_per_tile * head_bytes;
+  layout.num_tiles = token_tiles * layout.head_chunks;
+
   layout.stages = std::clamp(kRingBytesTarget / layout.stage_bytes(), 2,
                              rope_norm::kMaxStages);
   // Never more stages than the CTA has tiles to fill them with.
-  const int ctas = std::min(layout.num_tiles, kCtasPerSm * device.sm_count);
+  const int ctas = std::min(layout.num_tiles, target_ctas);
   const int tiles_per_cta = (layout.num_tiles + ctas - 1) / ctas;
   layout.stages = std::max(1, std::min(layout.stages, tiles_per_cta));
   if (layout.bytes() > device.max_smem_per_block) {
