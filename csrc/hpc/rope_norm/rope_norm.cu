@@ -23,6 +23,7 @@ namespace {
 // saturating HBM needs, while small batches still spread over many SMs.
 constexpr int kTileBytesTarget = 32 * 1024;
 constexpr int kRingBytesTarget = 64 * 1024;
+constexpr int kTilesPerCta = 4;
 using rope_norm::kCtasPerSm;
 
 rope_norm::TileLayout plan_tiles(const RopeNormParams& p,
@@ -33,9 +34,11 @@ rope_norm::TileLayout plan_tiles(const RopeNormParams& p,
   const int target_ctas = kCtasPerSm * device.sm_count;
   layout.cos_sin_bytes = p.rotary_dim * (p.cos_sin_is_fp32 ? 4 : 2);
   const int per_token = heads * head_bytes + layout.cos_sin_bytes + 8;
-  // As many tokens as fit the target, but small enough that every SM gets
-  // work while there are tokens to spread.
-  const int spread = (p.num_tokens + target_ctas - 1) / target_ctas;
+  // As many tokens as fit the target, but small enough that every CTA gets
+  // several tiles while there are tokens to spread: a CTA's ring only
+  // overlaps loads with compute across tiles.
+  const int spread = (p.num_tokens + kTilesPerCta * target_ctas - 1) /
+                     (kTilesPerCta * target_ctas);
   layout.tile_tokens =
       std::min({std::max(1, kTileBytesTarget / per_token), std::max(1, spread),
                 rope_norm::kMaxTileTokens});
