@@ -111,25 +111,19 @@ __device__ __forceinline__ void rms_norm(float (&x)[kLaneElems],
   }
 }
 
-// The 8 cos and 8 sin values of the lane's frequencies, from one cos/sin row
-// (cos half then sin half, rotary_dim / 2 frequencies each).
+// Rotates the lane's two chunks in place from one cos/sin row (cos half then
+// sin half, rotary_dim / 2 frequencies each).
 template <typename C>
-__device__ __forceinline__ void read_cos_sin(const C* row, int rotary_dim,
-                                             const LaneChunks& chunks,
-                                             float (&cos_v)[kVecElems],
-                                             float (&sin_v)[kVecElems]) {
+__device__ __forceinline__ void apply_rope(float (&x)[kLaneElems], const C* row,
+                                           int rotary_dim, bool is_neox,
+                                           const LaneChunks& chunks) {
   const int half = rotary_dim / 2;
+  float cos_v[kVecElems], sin_v[kVecElems];
 #pragma unroll
   for (int i = 0; i < kVecElems; ++i) {
     cos_v[i] = to_float(row[chunks.freq + i]);
     sin_v[i] = to_float(row[half + chunks.freq + i]);
   }
-}
-
-// Rotates the lane's two chunks in place.
-__device__ __forceinline__ void apply_rope(float (&x)[kLaneElems], bool is_neox,
-                                           const float (&cos_v)[kVecElems],
-                                           const float (&sin_v)[kVecElems]) {
   if (is_neox) {
     // x[i] is channel c, x[8 + i] its partner c + rotary_dim / 2.
 #pragma unroll
@@ -326,8 +320,6 @@ __device__ __forceinline__ void process_tile(
   // per step without a division per step.
   int step_t = group / coord.heads;
   int step_h = group % coord.heads;
-  int cos_sin_token = -1;  // token whose angles cos_v/sin_v hold
-  float cos_v[kVecElems], sin_v[kVecElems];
   for (int base = 0; base < tasks; base += kGroups) {
     if (base > 0) {
       step_h += kGroups;
@@ -367,21 +359,15 @@ __device__ __forceinline__ void process_tile(
         rms_norm<kLanes>(x, w, chunks, p.eps, !is_v);
       }
       if (active && !is_v && chunks.rotary) {
-        // Every head of a token rotates by the same angles: the lane reads
-        // them again only when its token changes.
-        if (t != cos_sin_token) {
-          const uint8_t* row =
-              buffer + layout.cos_sin_offset() + t * layout.cos_sin_bytes;
-          if (p.cos_sin_is_fp32) {
-            read_cos_sin(reinterpret_cast<const float*>(row), p.rotary_dim,
-                         chunks, cos_v, sin_v);
-          } else {
-            read_cos_sin(reinterpret_cast<const T*>(row), p.rotary_dim, chunks,
-                         cos_v, sin_v);
-          }
-          cos_sin_token = t;
+        const uint8_t* row =
+            buffer + layout.cos_sin_offset() + t * layout.cos_sin_bytes;
+        if (p.cos_sin_is_fp32) {
+          apply_rope(x, reinterpret_cast<const float*>(row), p.rotary_dim,
+                     p.is_neox, chunks);
+        } else {
+          apply_rope(x, reinterpret_cast<const T*>(row), p.rotary_dim,
+                     p.is_neox, chunks);
         }
-        apply_rope(x, p.is_neox, cos_v, sin_v);
       }
       if (p.norm_policy == QkNormPolicy::kRopeThenNorm) {
         rms_norm<kLanes>(x, w, chunks, p.eps, !is_v);
