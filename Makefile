@@ -21,7 +21,10 @@ test: venv
 	@t0=$(now); $(VPY) -m pytest tests -q $(PYTEST_ARGS); rc=$$?; \
 	  echo "[time] tests: $$(( $(now) - t0 )) s"; exit $$rc
 
-bench: venv
+bench:
+	@nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0' || \
+	  { echo "make bench needs a Hopper (sm90) GPU and none is visible"; exit 1; }
+	@$(MAKE) --no-print-directory venv
 	@$(VPY) benchmarks/kernels/check_hopper.py
 	@$(MAKE) --no-print-directory build-venv apply
 	$(VPY) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
