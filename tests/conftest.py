@@ -16,10 +16,8 @@
 from __future__ import annotations
 
 import functools
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -27,43 +25,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 GPU_MARKER = "gpu: needs an sm90 GPU and the built _hpc_C"
 
 
-def _vllm_search_locations() -> list[str]:
-    if "vllm" in sys.modules:
-        return list(getattr(sys.modules["vllm"], "__path__", []))
-    spec = importlib.util.find_spec("vllm")
-    if spec is None:
-        return []
-    return list(spec.submodule_search_locations or [])
+# The kernel tests' helpers (as pytest's default import mode would expose
+# them to the test modules in that directory) hold the one loader of the op
+# module.
+_KERNEL_TESTS = str(REPO_ROOT / "tests" / "kernels")
+if _KERNEL_TESTS not in sys.path:
+    sys.path.insert(0, _KERNEL_TESTS)
+from rope_norm_reference import import_hpc_ops  # noqa: E402
 
-
-def _load_tree_hpc_ops() -> ModuleType:
-    path = REPO_ROOT / "vllm" / "_hpc_ops.py"
-    spec = importlib.util.spec_from_file_location("vllm._hpc_ops", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load vllm._hpc_ops from {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm._hpc_ops"] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules["vllm._hpc_ops"]
-        raise
-    return module
-
-
-def ensure_hpc_ops_importable() -> None:
-    """Make ``import vllm._hpc_ops`` work, without shadowing a real vLLM."""
-    if "vllm._hpc_ops" in sys.modules:
-        return
-    root = str(REPO_ROOT)
-    if root not in sys.path:
-        sys.path.append(root)
-    locations = _vllm_search_locations()
-    if not any(Path(p, "_hpc_ops.py").is_file() for p in locations):
-        _load_tree_hpc_ops()
-
-
-ensure_hpc_ops_importable()
+import_hpc_ops(REPO_ROOT)
 
 
 @functools.cache

@@ -44,7 +44,6 @@ import argparse
 import dataclasses
 import datetime
 import fnmatch
-import importlib.util
 import json
 import math
 import os
@@ -93,32 +92,17 @@ BASELINES = ("torch-unfused", "torch-compile", "vllm", "vllm-fused")
 
 
 def import_hpc_ops() -> ModuleType:
-    """``vllm._hpc_ops`` from an installed, patched vLLM, else from this tree.
+    """``vllm._hpc_ops`` from a patched vLLM, or from this tree with no vLLM.
 
-    The tree's ``vllm`` has no ``__init__.py``: its root goes at the end of
-    ``sys.path`` so an installed vLLM keeps the name. If that vLLM lacks
-    ``_hpc_ops`` (patch set not applied), the tree's file is loaded under the
-    name; it imports torch only.
+    The tree's ``vllm`` has no ``__init__.py``, so its root goes at the end of
+    ``sys.path``: an installed vLLM keeps the name and must carry the patch
+    set (``tools/apply_patchset.py``).
     """
-    if "vllm._hpc_ops" in sys.modules:
-        return sys.modules["vllm._hpc_ops"]
     if str(REPO_ROOT) not in sys.path:
         sys.path.append(str(REPO_ROOT))
-    spec = importlib.util.find_spec("vllm")
-    locations = list(spec.submodule_search_locations or []) if spec else []
-    if any(Path(p, "_hpc_ops.py").is_file() for p in locations):
-        import vllm._hpc_ops as hpc_ops
+    import vllm._hpc_ops as hpc_ops
 
-        return hpc_ops
-    spec = importlib.util.spec_from_file_location(
-        "vllm._hpc_ops", REPO_ROOT / "vllm" / "_hpc_ops.py"
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("vllm/_hpc_ops.py not found")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["vllm._hpc_ops"] = module
-    spec.loader.exec_module(module)
-    return module
+    return hpc_ops
 
 
 def unavailable_reason() -> str | None:
