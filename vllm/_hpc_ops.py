@@ -14,6 +14,7 @@ compiled library but no vLLM installation.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import glob
 import os
@@ -21,10 +22,14 @@ import os
 import torch
 
 __all__ = [
+    "DECODE_TILE_TOKENS",
+    "DecodePlan",
     "QkNormPolicy",
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
+    "decode_plan_size",
     "hpc_ops_available",
+    "plan_decode_host",
     "rope_norm_store_kv",
 ]
 
@@ -419,7 +424,148 @@ def rope_norm_store_kv(
     )
 
 
+# ---------------------------------------------------------------------------
+# Split-KV decode planner
+# ---------------------------------------------------------------------------
+
+DECODE_TILE_TOKENS = 64
+_PLAN_HEADER = 8
+MAX_DECODE_QUERY_TOKENS = 4
+
+
+def decode_plan_size(max_units: int, num_ctas: int) -> int:
+    """int32 elements of a plan for up to ``max_units`` (batch x KV heads)
+    units and ``num_ctas`` CTAs (see csrc/hpc/attention/decode/decode_plan.h).
+    """
+    return _PLAN_HEADER + (max_units + 1) + 2 * max_units + (num_ctas + 1) + num_ctas
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """Views of a plan workspace, for tests and host-side callers."""
+
+    num_units: int
+    total_granules: int
+    num_ctas: int
+    num_partials: int
+    granule_tiles: int
+    query_tokens: int
+    batch_invariant: int
+    unit_granule_offset: torch.Tensor  # [num_units + 1]
+    unit_num_pieces: torch.Tensor  # [num_units]
+    unit_first_partial: torch.Tensor  # [num_units], -1: written directly
+    cta_granule_begin: torch.Tensor  # [num_ctas + 1]
+    cta_first_unit: torch.Tensor  # [num_ctas]
+
+    @classmethod
+    def from_workspace(
+        cls, plan: torch.Tensor, max_units: int, num_ctas_offered: int
+    ) -> DecodePlan:
+        header = [int(v) for v in plan[:_PLAN_HEADER].tolist()]
+        units, _, ctas = header[0], header[1], header[2]
+        o_offset = _PLAN_HEADER
+        o_pieces = o_offset + max_units + 1
+        o_partial = o_pieces + max_units
+        o_begin = o_partial + max_units
+        o_first = o_begin + num_ctas_offered + 1
+        return cls(
+            *header[:7],
+            unit_granule_offset=plan[o_offset : o_offset + units + 1],
+            unit_num_pieces=plan[o_pieces : o_pieces + units],
+            unit_first_partial=plan[o_partial : o_partial + units],
+            cta_granule_begin=plan[o_begin : o_begin + ctas + 1],
+            cta_first_unit=plan[o_first : o_first + ctas],
+        )
+
+
+def _validate_plan_args(
+    kv_lens: torch.Tensor,
+    num_kv_heads: int,
+    query_tokens: int,
+    num_ctas: int,
+    min_split_len: int,
+    fixed_split_len: int,
+) -> None:
+    _check_tensor("kv_lens", kv_lens)
+    _check_ndim("kv_lens", kv_lens, 1, "[batch]")
+    _check_dtype("kv_lens", kv_lens, (torch.int32,))
+    if num_kv_heads < 1:
+        raise ValueError(f"num_kv_heads must be >= 1, got {num_kv_heads}")
+    if not 1 <= query_tokens <= MAX_DECODE_QUERY_TOKENS:
+        raise ValueError(
+            f"query_tokens is {query_tokens}; accepted: 1..{MAX_DECODE_QUERY_TOKENS}"
+        )
+    if num_ctas < 1:
+        raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
+    for name, value in (
+        ("min_split_len", min_split_len),
+        ("fixed_split_len", fixed_split_len),
+    ):
+        if value < 0 or value % DECODE_TILE_TOKENS:
+            raise ValueError(
+                f"{name} is {value}; accepted: a non-negative multiple of "
+                f"{DECODE_TILE_TOKENS}"
+            )
+
+
+def plan_decode_host(
+    kv_lens: torch.Tensor,
+    num_kv_heads: int,
+    query_tokens: int,
+    num_ctas: int,
+    *,
+    min_split_len: int = 1024,
+    fixed_split_len: int = 0,
+    max_batch: int | None = None,
+) -> torch.Tensor:
+    """Split-KV decode plan for KV lengths held on the host.
+
+    ``kv_lens``: int32 ``[batch]`` on the CPU. ``num_ctas``: persistent CTAs
+    offered (e.g. SM count x CTAs per SM); it also sizes the plan.
+    ``min_split_len`` (tokens): balanced mode uses no more CTAs than keep this
+    many tokens each. ``fixed_split_len`` > 0 selects the batch-invariant mode
+    with pieces of that many tokens. Returns the int32 plan workspace
+    (``decode_plan_size(max_batch * num_kv_heads, num_ctas)`` elements); read
+    it with :meth:`DecodePlan.from_workspace`.
+    """
+    _validate_plan_args(
+        kv_lens, num_kv_heads, query_tokens, num_ctas, min_split_len, fixed_split_len
+    )
+    if kv_lens.device.type != "cpu":
+        raise ValueError(f"kv_lens must be on the CPU, got {kv_lens.device}")
+    batch = kv_lens.shape[0] if max_batch is None else max_batch
+    if batch < kv_lens.shape[0]:
+        raise ValueError(f"max_batch {batch} < len(kv_lens) {kv_lens.shape[0]}")
+    _require_library()
+    max_units = batch * num_kv_heads
+    plan = torch.empty(decode_plan_size(max_units, num_ctas), dtype=torch.int32)
+    torch.ops._hpc_C.plan_decode(
+        kv_lens.contiguous(),
+        plan,
+        num_kv_heads,
+        query_tokens,
+        num_ctas,
+        max_units,
+        min_split_len // DECODE_TILE_TOKENS,
+        fixed_split_len // DECODE_TILE_TOKENS,
+    )
+    return plan
+
+
 if _LIBRARY_LOADED:
+
+    @torch.library.register_fake("_hpc_C::plan_decode")
+    def _plan_decode_fake(
+        kv_lens: torch.Tensor,
+        plan: torch.Tensor,
+        num_kv_heads: int,
+        query_tokens: int,
+        num_ctas: int,
+        max_units: int,
+        min_split_tiles: int,
+        fixed_split_tiles: int,
+    ) -> None:
+        return None
 
     @torch.library.register_fake("_hpc_C::rope_norm_store_kv")
     def _rope_norm_store_kv_fake(

@@ -20,4 +20,11 @@ void rope_norm_store_kv(const at::Tensor& qkv, const at::Tensor& positions,
                         const std::optional<at::Tensor>& v_scale, double eps,
                         int64_t norm_policy, bool is_neox);
 
+// Split-KV decode plan into `plan` (int32, decode::PlanLayout) for KV
+// lengths on the host.
+void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
+                 int64_t num_kv_heads, int64_t query_tokens, int64_t num_ctas,
+                 int64_t max_units, int64_t min_split_tiles,
+                 int64_t fixed_split_tiles);
+
 }  // namespace hpc

@@ -15,11 +15,17 @@ TORCH_LIBRARY(_hpc_C, m) {
       "Tensor(c!) q_out, Tensor(d!)? q_scale, Tensor? q_norm_weight, "
       "Tensor? k_norm_weight, Tensor? k_scale, Tensor? v_scale, float eps, "
       "int norm_policy, bool is_neox) -> ()");
+  m.def(
+      "plan_decode(Tensor kv_lens, Tensor(a!) plan, int num_kv_heads, "
+      "int query_tokens, int num_ctas, int max_units, int min_split_tiles, "
+      "int fixed_split_tiles) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
   m.impl("rope_norm_store_kv", &hpc::rope_norm_store_kv);
 }
+
+TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) { m.impl("plan_decode", &hpc::plan_decode); }
 
 extern "C" PyObject* PyInit__hpc_C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hpc_C", nullptr, 0,

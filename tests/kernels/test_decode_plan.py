@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Properties of the split-KV decode planner (host implementation).
+
+Each plan is checked against an independent reconstruction: every CTA walks
+its granule range from its first unit the way the decode kernel will, and the
+pieces it finds must cover every tile of every (KV head, sequence) unit
+exactly once, with the split table the combine reads.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from rope_norm_reference import import_hpc_ops
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+hpc_ops = import_hpc_ops(REPO_ROOT)
+
+pytestmark = pytest.mark.skipif(
+    not hpc_ops.hpc_ops_available(), reason="the _hpc_C library is not built"
+)
+
+TILE = hpc_ops.DECODE_TILE_TOKENS
+
+
+def plan_of(
+    lens: list[int],
+    num_kv_heads: int = 1,
+    num_ctas: int = 132,
+    min_split_len: int = 1024,
+    fixed_split_len: int = 0,
+) -> hpc_ops.DecodePlan:
+    kv_lens = torch.tensor(lens, dtype=torch.int32)
+    plan = hpc_ops.plan_decode_host(
+        kv_lens,
+        num_kv_heads,
+        1,
+        num_ctas,
+        min_split_len=min_split_len,
+        fixed_split_len=fixed_split_len,
+    )
+    return hpc_ops.DecodePlan.from_workspace(plan, len(lens) * num_kv_heads, num_ctas)
+
+
+def walk(plan: hpc_ops.DecodePlan) -> list[list[tuple[int, int, int]]]:
+    """Per CTA, its pieces as (unit, first granule, end granule), in the
+    unit's own granule numbering, found as the decode kernel will."""
+    offsets = plan.unit_granule_offset.tolist()
+    begins = plan.cta_granule_begin.tolist()
+    first_units = plan.cta_first_unit.tolist()
+    per_cta = []
+    for c in range(plan.num_ctas):
+        unit, x, end = first_units[c], begins[c], begins[c + 1]
+        assert offsets[unit] <= x < offsets[unit + 1]
+        pieces = []
+        while x < end:
+            while offsets[unit + 1] <= x:
+                unit += 1
+            stop = min(end, offsets[unit + 1])
+            if plan.batch_invariant:
+                # Batch-invariant mode: every granule is its own piece.
+                for g in range(x, stop):
+                    pieces.append((unit, g - offsets[unit], g - offsets[unit] + 1))
+            else:
+                pieces.append((unit, x - offsets[unit], stop - offsets[unit]))
+            x = stop
+        per_cta.append(pieces)
+    return per_cta
+
+
+def check_plan(
+    plan: hpc_ops.DecodePlan,
+    lens: list[int],
+    num_kv_heads: int,
+    num_ctas: int,
+    min_split_len: int,
+    fixed_split_len: int,
+) -> None:
+    batch = len(lens)
+    granule_tiles = max(1, fixed_split_len // TILE)
+    tiles = [math.ceil(n / TILE) for n in lens]
+    granules = [math.ceil(t / granule_tiles) for t in tiles]
+    total = sum(granules) * num_kv_heads
+
+    assert plan.num_units == batch * num_kv_heads
+    assert plan.total_granules == total
+    assert plan.granule_tiles == granule_tiles
+    assert plan.batch_invariant == (fixed_split_len > 0)
+    if fixed_split_len:
+        expected_ctas = min(num_ctas, total)
+    else:
+        split_tiles = max(1, min_split_len // TILE)
+        expected_ctas = min(num_ctas, max(1, total // split_tiles)) if total else 0
+    assert plan.num_ctas == expected_ctas
+
+    # Unit u = kv_head * batch + sequence, granules in that order.
+    expected_offsets = [0]
+    for u in range(batch * num_kv_heads):
+        expected_offsets.append(expected_offsets[-1] + granules[u % batch])
+    assert plan.unit_granule_offset.tolist() == expected_offsets
+
+    # Balance: granule counts differ by at most one between CTAs.
+    begins = plan.cta_granule_begin.tolist()
+    counts = [begins[c + 1] - begins[c] for c in range(plan.num_ctas)]
+    if counts:
+        assert max(counts) - min(counts) <= 1
+        assert min(counts) >= 1
+
+    # Every granule of every unit exactly once; pieces per unit as planned.
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for pieces in walk(plan):
+        for unit, lo, hi in pieces:
+            seen.setdefault(unit, []).append((lo, hi))
+    num_pieces = plan.unit_num_pieces.tolist()
+    first_partial = plan.unit_first_partial.tolist()
+    next_partial = 0
+    for u in range(batch * num_kv_heads):
+        ranges = sorted(seen.get(u, []))
+        covered = [g for lo, hi in ranges for g in range(lo, hi)]
+        assert covered == list(range(granules[u % batch])), f"unit {u}"
+        assert num_pieces[u] == len(ranges)
+        if len(ranges) > 1:
+            assert first_partial[u] == next_partial
+            next_partial += len(ranges)
+        else:
+            assert first_partial[u] == -1
+    assert plan.num_partials == next_partial
+
+
+LENGTH_SETS = {
+    "w1": [131072] + [4096] * 31,
+    "edges": [1, 63, 64, 65, 127, 128, 129],
+    "one-long": [131072],
+    "one-token": [1],
+    "empty-and-short": [0, 1, 0, 64],
+    "all-empty": [0, 0, 0],
+    "fewer-tiles-than-ctas": [64] * 5,
+    "uniform-256": [4096] * 256,
+    "ragged": [7, 100000, 3, 65536, 1, 2048, 70000],
+}
+
+
+@pytest.mark.parametrize("lens", LENGTH_SETS.values(), ids=LENGTH_SETS.keys())
+@pytest.mark.parametrize("num_kv_heads", [1, 8])
+@pytest.mark.parametrize(
+    ("min_split_len", "fixed_split_len"), [(1024, 0), (64, 0), (0, 0), (0, 1024)]
+)
+def test_plan_properties(
+    lens: list[int], num_kv_heads: int, min_split_len: int, fixed_split_len: int
+) -> None:
+    num_ctas = 132
+    plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+    check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_properties_random(seed: int) -> None:
+    rng = random.Random(seed)
+    batch = rng.randint(1, 300)
+    lens = [rng.choice([0, 1, rng.randint(1, 200000)]) for _ in range(batch)]
+    num_kv_heads = rng.choice([1, 2, 4, 8])
+    num_ctas = rng.choice([1, 7, 132, 264, 396])
+    min_split_len = TILE * rng.choice([0, 1, 4, 16, 64])
+    fixed_split_len = rng.choice([0, 0, TILE * rng.choice([1, 8, 16])])
+    plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+    check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+
+
+def test_w1_balances_the_long_sequence() -> None:
+    """One 128K sequence with 31 4K ones: the long one is cut over many CTAs
+    and every CTA gets the same number of tiles within one."""
+    lens = LENGTH_SETS["w1"]
+    plan = plan_of(lens, num_kv_heads=1, num_ctas=264, min_split_len=1024)
+    assert plan.num_ctas == (131072 + 31 * 4096) // 1024
+    assert plan.unit_num_pieces[0] == 131072 // 1024
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_batch_invariant_mode_ignores_neighbours(seed: int) -> None:
+    """With a fixed split length, the pieces of a sequence, and so the order
+    its partial results are combined in, are the same in any batch."""
+    rng = random.Random(seed)
+    target = rng.randint(1, 100000)
+    split = TILE * 8
+    alone = plan_of([target], 2, 132, 0, split)
+    others = [rng.randint(0, 100000) for _ in range(rng.randint(1, 50))]
+    position = rng.randint(0, len(others))
+    batch = others[:position] + [target] + others[position:]
+    mixed = plan_of(batch, 2, 132, 0, split)
+
+    def pieces_of(plan: hpc_ops.DecodePlan, unit: int) -> list[tuple[int, int]]:
+        return sorted((lo, hi) for p in walk(plan) for u, lo, hi in p if u == unit)
+
+    for head in range(2):
+        assert pieces_of(alone, head) == pieces_of(mixed, head * len(batch) + position)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"kv_lens": torch.tensor([1], dtype=torch.int64)}, "kv_lens"),
+        ({"kv_lens": torch.tensor([[1]], dtype=torch.int32)}, "kv_lens"),
+        ({"num_kv_heads": 0}, "num_kv_heads"),
+        ({"query_tokens": 5}, "query_tokens"),
+        ({"query_tokens": 0}, "query_tokens"),
+        ({"num_ctas": 0}, "num_ctas"),
+        ({"min_split_len": 100}, "min_split_len"),
+        ({"fixed_split_len": -64}, "fixed_split_len"),
+        ({"max_batch": 0}, "max_batch"),
+    ],
+)
+def test_plan_validation(kwargs: dict, match: str) -> None:
+    args = {
+        "kv_lens": torch.tensor([100, 200], dtype=torch.int32),
+        "num_kv_heads": 1,
+        "query_tokens": 1,
+        "num_ctas": 8,
+    }
+    args.update(kwargs)
+    positional = [args.pop(k) for k in ("kv_lens", "num_kv_heads", "query_tokens")]
+    positional.append(args.pop("num_ctas"))
+    with pytest.raises(ValueError, match=match):
+        hpc_ops.plan_decode_host(*positional, **args)
+
+
+def test_plan_op_schema_and_fake() -> None:
+    kv_lens = torch.tensor([100, 5000, 1], dtype=torch.int32)
+    size = hpc_ops.decode_plan_size(3 * 2, 16)
+    plan = torch.zeros(size, dtype=torch.int32)
+    torch.library.opcheck(
+        torch.ops._hpc_C.plan_decode.default,
+        (kv_lens, plan, 2, 1, 16, 6, 1, 0),
+        test_utils=("test_schema", "test_faketensor"),
+    )
