@@ -27,12 +27,14 @@ implementation, on purpose:
   ``seq_len`` are never read.
 * Token positions come from ``attn_metadata.positions`` when the metadata
   carries them, and are otherwise derived on the device from ``seq_lens`` and
-  the query offsets (``derive_positions``), without a host synchronisation.
+  the query offsets (``derive_positions``), without a host synchronisation,
+  once per step: the result is kept on the metadata that all layers share.
 * No split-K flag is produced: ``hpc_split_k_flag`` stays ``None``. The
   in-tree decode planner replaces it.
 * FP8 Q scales live in one persistent ``[max_num_batched_tokens, num_heads]``
-  float32 buffer per layer; the decode and prefill rows of that buffer are
-  handed off as ``hpc_decode_q_scale`` and ``hpc_prefill_q_scale``.
+  float32 buffer shared by all layers (each layer's attention consumes its
+  scales before the next layer's prologue runs); the decode and prefill rows
+  are handed off as ``hpc_decode_q_scale`` and ``hpc_prefill_q_scale``.
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ _EXPLICIT_16BIT_CACHE_DTYPES = {
 }
 
 _hpc_rope_norm_instances: dict[str, HpcRopeNorm] = {}
+# FP8 Q-scale buffers shared by every layer, by (device, rows, num_heads).
+_q_scale_buffers: dict[tuple[torch.device, int, int], torch.Tensor] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -148,8 +152,14 @@ def derive_positions(
 def _positions_from_metadata(
     attn_metadata: HpcAttnMetadata, num_tokens: int
 ) -> torch.Tensor:
-    """Token positions of the batch described by ``attn_metadata``."""
+    """Token positions of the batch described by ``attn_metadata``.
+
+    Derived positions are kept on the metadata object, which every layer of
+    the step shares, so they are computed once per step, not once per layer.
+    """
     positions = getattr(attn_metadata, "positions", None)
+    if positions is None:
+        positions = getattr(attn_metadata, "_hpc_positions", None)
     if positions is not None:
         return positions
 
@@ -175,13 +185,15 @@ def _positions_from_metadata(
                 "HpcRopeNorm: the metadata has prefill requests but neither "
                 "positions nor qo_indptr"
             )
-    return derive_positions(
+    positions = derive_positions(
         seq_lens,
         num_tokens,
         decode_loc,
         prefill_loc,
         attn_metadata.num_decode_tokens,
     )
+    attn_metadata._hpc_positions = positions
+    return positions
 
 
 def split_kv_cache(
@@ -567,9 +579,14 @@ class HpcRopeNorm(CustomOp, HpcModule):
             )
         rows = max(rows, num_tokens, 1)
         self._q_scale_rows = rows
-        self._q_scale = torch.zeros(
-            rows, self.num_heads, dtype=torch.float32, device=device
-        )
+        # One buffer for all layers of the same shape: each layer's attention
+        # reads its scales before the next layer's prologue overwrites them.
+        key = (device, rows, self.num_heads)
+        if key not in _q_scale_buffers:
+            _q_scale_buffers[key] = torch.zeros(
+                rows, self.num_heads, dtype=torch.float32, device=device
+            )
+        self._q_scale = _q_scale_buffers[key]
         return self._q_scale
 
     def _forward_impl(
