@@ -22,6 +22,3 @@ inline void cuda_check(cudaError_t status, const char* what, const char* file,
 
 #define HPC_CUDA_CHECK(expr) \
   ::hpc::cuda_check((expr), #expr, __FILE__, __LINE__)
-
-// After a launch: reports configuration errors without synchronising.
-#define HPC_CHECK_LAUNCH() HPC_CUDA_CHECK(cudaGetLastError())
