@@ -24,9 +24,12 @@ import torch
 __all__ = [
     "DECODE_TILE_TOKENS",
     "DecodePlan",
+    "DecodeWorkspace",
+    "SplitMode",
     "QkNormPolicy",
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
+    "decode_attention",
     "decode_plan_size",
     "hpc_ops_available",
     "plan_decode_host",
@@ -425,19 +428,41 @@ def rope_norm_store_kv(
 
 
 # ---------------------------------------------------------------------------
-# Split-KV decode planner
+# Split-KV decode: planner and paged decode attention
 # ---------------------------------------------------------------------------
 
 DECODE_TILE_TOKENS = 64
 _PLAN_HEADER = 8
 MAX_DECODE_QUERY_TOKENS = 4
+_STATIC_MAX_SPLITS = 16
+_DECODE_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+
+
+class SplitMode(enum.IntEnum):
+    """How the decode planner cuts KV work (csrc/hpc/attention/decode/decode_plan.h).
+
+    BALANCED: 64-token tiles dealt evenly over the CTAs, splitting sequences
+    wherever the shares fall. BATCH_INVARIANT: fixed-length pieces per
+    sequence, so a sequence's output is bitwise independent of its batch.
+    STATIC: min(16, ceil(len / 512)) pieces per sequence, one CTA each (the
+    classic split-KV schedule, for comparison).
+    """
+
+    BALANCED = 0
+    BATCH_INVARIANT = 1
+    STATIC = 2
 
 
 def decode_plan_size(max_units: int, num_ctas: int) -> int:
     """int32 elements of a plan for up to ``max_units`` (batch x KV heads)
-    units and ``num_ctas`` CTAs (see csrc/hpc/attention/decode/decode_plan.h).
+    units and ``num_ctas`` CTA slots (see decode_plan.h's PlanLayout).
     """
     return _PLAN_HEADER + (max_units + 1) + 2 * max_units + (num_ctas + 1) + num_ctas
+
+
+def _plan_ctas(mode: SplitMode, num_ctas: int, max_units: int) -> int:
+    # The static mode gives every piece its own CTA.
+    return max_units * _STATIC_MAX_SPLITS if mode == SplitMode.STATIC else num_ctas
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,9 +473,10 @@ class DecodePlan:
     total_granules: int
     num_ctas: int
     num_partials: int
-    granule_tiles: int
+    split_tiles: int
     query_tokens: int
-    batch_invariant: int
+    mode: int
+    window: int
     unit_granule_offset: torch.Tensor  # [num_units + 1]
     unit_num_pieces: torch.Tensor  # [num_units]
     unit_first_partial: torch.Tensor  # [num_units], -1: written directly
@@ -459,23 +485,51 @@ class DecodePlan:
 
     @classmethod
     def from_workspace(
-        cls, plan: torch.Tensor, max_units: int, num_ctas_offered: int
+        cls, plan: torch.Tensor, max_units: int, max_ctas: int
     ) -> DecodePlan:
+        plan = plan.cpu()
         header = [int(v) for v in plan[:_PLAN_HEADER].tolist()]
         units, _, ctas = header[0], header[1], header[2]
         o_offset = _PLAN_HEADER
         o_pieces = o_offset + max_units + 1
         o_partial = o_pieces + max_units
         o_begin = o_partial + max_units
-        o_first = o_begin + num_ctas_offered + 1
+        o_first = o_begin + max_ctas + 1
         return cls(
-            *header[:7],
+            *header,
             unit_granule_offset=plan[o_offset : o_offset + units + 1],
             unit_num_pieces=plan[o_pieces : o_pieces + units],
             unit_first_partial=plan[o_partial : o_partial + units],
             cta_granule_begin=plan[o_begin : o_begin + ctas + 1],
             cta_first_unit=plan[o_first : o_first + ctas],
         )
+
+
+def _check_split_len(name: str, value: int) -> None:
+    if value < 0 or value % DECODE_TILE_TOKENS:
+        raise ValueError(
+            f"{name} is {value}; accepted: a non-negative multiple of "
+            f"{DECODE_TILE_TOKENS}"
+        )
+
+
+def _check_query_tokens(query_tokens: int) -> None:
+    if not 1 <= query_tokens <= MAX_DECODE_QUERY_TOKENS:
+        raise ValueError(
+            f"query_tokens is {query_tokens}; accepted: 1..{MAX_DECODE_QUERY_TOKENS}"
+        )
+
+
+def _resolve_mode(mode: SplitMode | None, fixed_split_len: int) -> SplitMode:
+    if mode is None:
+        return SplitMode.BATCH_INVARIANT if fixed_split_len else SplitMode.BALANCED
+    mode = SplitMode(mode)
+    if mode == SplitMode.BATCH_INVARIANT and fixed_split_len == 0:
+        raise ValueError(
+            "fixed_split_len is 0; the BATCH_INVARIANT mode needs a positive "
+            f"multiple of {DECODE_TILE_TOKENS}"
+        )
+    return mode
 
 
 def _validate_plan_args(
@@ -485,27 +539,20 @@ def _validate_plan_args(
     num_ctas: int,
     min_split_len: int,
     fixed_split_len: int,
+    window: int,
 ) -> None:
     _check_tensor("kv_lens", kv_lens)
     _check_ndim("kv_lens", kv_lens, 1, "[batch]")
     _check_dtype("kv_lens", kv_lens, (torch.int32,))
     if num_kv_heads < 1:
         raise ValueError(f"num_kv_heads must be >= 1, got {num_kv_heads}")
-    if not 1 <= query_tokens <= MAX_DECODE_QUERY_TOKENS:
-        raise ValueError(
-            f"query_tokens is {query_tokens}; accepted: 1..{MAX_DECODE_QUERY_TOKENS}"
-        )
+    _check_query_tokens(query_tokens)
     if num_ctas < 1:
         raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
-    for name, value in (
-        ("min_split_len", min_split_len),
-        ("fixed_split_len", fixed_split_len),
-    ):
-        if value < 0 or value % DECODE_TILE_TOKENS:
-            raise ValueError(
-                f"{name} is {value}; accepted: a non-negative multiple of "
-                f"{DECODE_TILE_TOKENS}"
-            )
+    _check_split_len("min_split_len", min_split_len)
+    _check_split_len("fixed_split_len", fixed_split_len)
+    if window < 0:
+        raise ValueError(f"window is {window}; accepted: 0 (none) or a positive int")
 
 
 def plan_decode_host(
@@ -514,42 +561,469 @@ def plan_decode_host(
     query_tokens: int,
     num_ctas: int,
     *,
-    min_split_len: int = 1024,
+    min_split_len: int = 256,
     fixed_split_len: int = 0,
     max_batch: int | None = None,
+    window: int = 0,
+    mode: SplitMode | None = None,
 ) -> torch.Tensor:
     """Split-KV decode plan for KV lengths held on the host.
 
     ``kv_lens``: int32 ``[batch]`` on the CPU. ``num_ctas``: persistent CTAs
-    offered (e.g. SM count x CTAs per SM); it also sizes the plan.
-    ``min_split_len`` (tokens): balanced mode uses no more CTAs than keep this
-    many tokens each. ``fixed_split_len`` > 0 selects the batch-invariant mode
-    with pieces of that many tokens. Returns the int32 plan workspace
-    (``decode_plan_size(max_batch * num_kv_heads, num_ctas)`` elements); read
-    it with :meth:`DecodePlan.from_workspace`.
+    offered (e.g. the SM count). ``min_split_len`` (tokens): the balanced
+    mode uses no more CTAs than keep this many tokens each.
+    ``fixed_split_len`` > 0 selects the batch-invariant mode with pieces of
+    that many tokens unless ``mode`` says otherwise. ``window``: sliding
+    window in tokens (0: none); tiles no query can see are not planned.
+    Returns the int32 plan (``decode_plan_size(max_batch * num_kv_heads,
+    plan CTA slots)`` elements); read it with :meth:`DecodePlan.from_workspace`
+    (the static mode has ``max_batch * num_kv_heads * 16`` CTA slots).
     """
     _validate_plan_args(
-        kv_lens, num_kv_heads, query_tokens, num_ctas, min_split_len, fixed_split_len
+        kv_lens,
+        num_kv_heads,
+        query_tokens,
+        num_ctas,
+        min_split_len,
+        fixed_split_len,
+        window,
     )
     if kv_lens.device.type != "cpu":
         raise ValueError(f"kv_lens must be on the CPU, got {kv_lens.device}")
+    mode = _resolve_mode(mode, fixed_split_len)
     batch = kv_lens.shape[0] if max_batch is None else max_batch
     if batch < kv_lens.shape[0]:
         raise ValueError(f"max_batch {batch} < len(kv_lens) {kv_lens.shape[0]}")
     _require_library()
     max_units = batch * num_kv_heads
-    plan = torch.empty(decode_plan_size(max_units, num_ctas), dtype=torch.int32)
+    max_ctas = _plan_ctas(mode, num_ctas, max_units)
+    plan = torch.empty(decode_plan_size(max_units, max_ctas), dtype=torch.int32)
     torch.ops._hpc_C.plan_decode(
         kv_lens.contiguous(),
         plan,
         num_kv_heads,
         query_tokens,
-        num_ctas,
+        window,
+        num_ctas if mode != SplitMode.STATIC else max_ctas,
         max_units,
         min_split_len // DECODE_TILE_TOKENS,
+        int(mode),
         fixed_split_len // DECODE_TILE_TOKENS,
     )
     return plan
+
+
+def _device_sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@dataclasses.dataclass
+class DecodeWorkspace:
+    """Persistent state of split-KV decode: the plan and the partial buffers.
+
+    Created once (from the maximum batch, the KV-cache capacity and the
+    device's SM count) and reused every step: :meth:`plan` runs the GPU
+    planner for the step's lengths (once for all layers), and
+    :func:`decode_attention` follows the plan. Nothing is allocated per call,
+    so both are CUDA-graph capturable.
+    """
+
+    plan_buffer: torch.Tensor
+    partial_out: torch.Tensor
+    partial_lse: torch.Tensor
+    max_batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
+    max_query_tokens: int
+    num_ctas: int
+    max_ctas: int
+    mode: SplitMode
+    min_split_tiles: int
+    split_tiles: int
+    window: int
+
+    @property
+    def max_units(self) -> int:
+        return self.max_batch * self.num_kv_heads
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        max_batch: int,
+        num_q_heads: int,
+        num_kv_heads: int,
+        head_size: int,
+        max_kv_tokens: int,
+        device: torch.device | str,
+        max_query_tokens: int = 1,
+        mode: SplitMode = SplitMode.BALANCED,
+        min_split_len: int = 256,
+        fixed_split_len: int = 0,
+        window: int = 0,
+        num_ctas: int | None = None,
+    ) -> DecodeWorkspace:
+        """Sizes the workspace.
+
+        ``max_kv_tokens``: KV-cache capacity in tokens (blocks x block size);
+        it bounds the pieces of the batch-invariant and static modes.
+        ``num_ctas``: persistent CTAs (default: the device's SM count).
+        """
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, got {device}")
+        for name, value in (
+            ("max_batch", max_batch),
+            ("num_kv_heads", num_kv_heads),
+            ("max_kv_tokens", max_kv_tokens),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if head_size not in SUPPORTED_HEAD_SIZES:
+            raise ValueError(
+                f"head_size is {head_size}; accepted: {SUPPORTED_HEAD_SIZES}"
+            )
+        _check_gqa(num_q_heads, num_kv_heads)
+        _check_query_tokens(max_query_tokens)
+        group = num_q_heads // num_kv_heads
+        _check_split_len("min_split_len", min_split_len)
+        _check_split_len("fixed_split_len", fixed_split_len)
+        mode = _resolve_mode(mode, fixed_split_len)
+        if window < 0:
+            raise ValueError(
+                f"window is {window}; accepted: 0 (none) or a positive int"
+            )
+        if num_ctas is None:
+            num_ctas = _device_sm_count(device)
+        if num_ctas < 1:
+            raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
+        max_units = max_batch * num_kv_heads
+        split_tiles = fixed_split_len // DECODE_TILE_TOKENS
+        max_ctas = _plan_ctas(mode, num_ctas, max_units)
+        if mode == SplitMode.BALANCED:
+            # A CTA holds at most two pieces of split units: its first and
+            # its last.
+            max_partials = 2 * num_ctas
+        elif mode == SplitMode.STATIC:
+            max_partials = max_units * _STATIC_MAX_SPLITS
+        else:
+            # Pieces of unit u: ceil(T_u / S) <= T_u / S + 1, and the tiles of
+            # all units are bounded by the cache capacity.
+            max_tiles = num_kv_heads * (
+                -(-max_kv_tokens // DECODE_TILE_TOKENS) + max_batch
+            )
+            max_partials = max_units + -(-max_tiles // split_tiles)
+        rows = max_query_tokens * group
+        return cls(
+            plan_buffer=torch.zeros(
+                decode_plan_size(max_units, max_ctas), dtype=torch.int32, device=device
+            ),
+            partial_out=torch.empty(
+                max_partials * rows * head_size, dtype=torch.float32, device=device
+            ),
+            partial_lse=torch.empty(
+                max_partials * rows, dtype=torch.float32, device=device
+            ),
+            max_batch=max_batch,
+            num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            head_size=head_size,
+            max_query_tokens=max_query_tokens,
+            num_ctas=num_ctas,
+            max_ctas=max_ctas,
+            mode=mode,
+            min_split_tiles=min_split_len // DECODE_TILE_TOKENS,
+            split_tiles=split_tiles,
+            window=window,
+        )
+
+    def plan(self, kv_lens: torch.Tensor, query_tokens: int = 1) -> None:
+        """Runs the GPU planner for this step's KV lengths (int32 ``[batch]``
+        on the workspace's device, including the query tokens)."""
+        _check_tensor("kv_lens", kv_lens)
+        _check_ndim("kv_lens", kv_lens, 1, "[batch]")
+        _check_dtype("kv_lens", kv_lens, (torch.int32,))
+        if kv_lens.device != self.plan_buffer.device:
+            raise ValueError(
+                f"kv_lens is on {kv_lens.device}; expected {self.plan_buffer.device}"
+            )
+        _check_contiguous("kv_lens", kv_lens)
+        if kv_lens.shape[0] > self.max_batch:
+            raise ValueError(
+                f"batch {kv_lens.shape[0]} exceeds the workspace's max_batch "
+                f"{self.max_batch}"
+            )
+        _check_query_tokens(query_tokens)
+        if query_tokens > self.max_query_tokens:
+            raise ValueError(
+                f"query_tokens is {query_tokens}; this workspace accepts "
+                f"1..{self.max_query_tokens}"
+            )
+        _require_library()
+        torch.ops._hpc_C.plan_decode(
+            kv_lens,
+            self.plan_buffer,
+            self.num_kv_heads,
+            query_tokens,
+            self.window,
+            self.max_ctas if self.mode == SplitMode.STATIC else self.num_ctas,
+            self.max_units,
+            self.min_split_tiles,
+            int(self.mode),
+            self.split_tiles,
+        )
+
+    def read_plan(self) -> DecodePlan:
+        """The current plan, copied to the host (synchronises; for tests)."""
+        return DecodePlan.from_workspace(
+            self.plan_buffer, self.max_units, self.max_ctas
+        )
+
+
+def _check_gqa(num_q_heads: int, num_kv_heads: int) -> None:
+    if num_q_heads < 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"num_q_heads ({num_q_heads}) must be a positive multiple of "
+            f"num_kv_heads ({num_kv_heads})"
+        )
+    if num_q_heads // num_kv_heads > MAX_GQA_RATIO:
+        raise ValueError(
+            f"GQA ratio is {num_q_heads // num_kv_heads}; accepted: 1..{MAX_GQA_RATIO}"
+        )
+
+
+def _check_strides(name: str, t: torch.Tensor, dims: range, multiple: int) -> None:
+    for d in dims:
+        if t.stride(d) % multiple:
+            raise ValueError(
+                f"{name}.stride({d}) is {t.stride(d)}; accepted: a multiple of "
+                f"{multiple} elements"
+            )
+
+
+def _validate_decode(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: DecodeWorkspace,
+    query_tokens: int,
+    q_scale: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    scale: float,
+    softcap: float,
+) -> None:
+    for name, t in (
+        ("q", q),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("block_table", block_table),
+        ("kv_lens", kv_lens),
+        ("out", out),
+    ):
+        _check_tensor(name, t)
+        if t.device != workspace.plan_buffer.device:
+            raise ValueError(
+                f"{name} is on {t.device}; expected the workspace's device "
+                f"{workspace.plan_buffer.device}"
+            )
+    layout = "[num_blocks, block_size, num_kv_heads, head_size]"
+    _check_ndim("key_cache", key_cache, 4, layout)
+    _check_ndim("value_cache", value_cache, 4, layout)
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(
+            f"key_cache shape {tuple(key_cache.shape)} and value_cache shape "
+            f"{tuple(value_cache.shape)} must match"
+        )
+    _check_dtype("key_cache", key_cache, _DECODE_KV_DTYPES)
+    if value_cache.dtype != key_cache.dtype:
+        raise ValueError(
+            f"value_cache has dtype {value_cache.dtype}; it must match key_cache "
+            f"({key_cache.dtype})"
+        )
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(
+            f"head_size (key_cache.shape[-1]) is {head_size}; accepted: "
+            f"{SUPPORTED_HEAD_SIZES}"
+        )
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(
+            f"block_size (key_cache.shape[1]) is {block_size}; accepted: "
+            f"{SUPPORTED_BLOCK_SIZES}"
+        )
+    kv_bytes = key_cache.element_size()
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.stride(3) != 1:
+            raise ValueError(
+                f"{name} must be contiguous in head_size, got strides {cache.stride()}"
+            )
+        _check_strides(name, cache, range(3), 16 // kv_bytes)
+        _check_aligned(name, cache)
+
+    _check_ndim("q", q, 3, "[tokens, num_q_heads, head_size]")
+    fp8_kv = key_cache.dtype == torch.float8_e4m3fn
+    q_dtypes = (
+        (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+        if fp8_kv
+        else (key_cache.dtype,)
+    )
+    _check_dtype("q", q, q_dtypes)
+    tokens, num_q_heads, q_head_size = q.shape
+    if q_head_size != head_size:
+        raise ValueError(
+            f"q head size {q_head_size} must equal the cache's {head_size}"
+        )
+    _check_gqa(num_q_heads, num_kv_heads)
+    if q.stride(2) != 1:
+        raise ValueError(f"q must be contiguous in head_size, got strides {q.stride()}")
+    _check_strides("q", q, range(2), 4)
+    _check_query_tokens(query_tokens)
+    batch = kv_lens.shape[0] if kv_lens.dim() == 1 else -1
+    _check_ndim("kv_lens", kv_lens, 1, "[batch]")
+    _check_dtype("kv_lens", kv_lens, (torch.int32,))
+    _check_contiguous("kv_lens", kv_lens)
+    if tokens != batch * query_tokens:
+        raise ValueError(
+            f"q has {tokens} tokens; expected batch ({batch}) x query_tokens "
+            f"({query_tokens})"
+        )
+    if (
+        batch > workspace.max_batch
+        or num_kv_heads != workspace.num_kv_heads
+        or num_q_heads != workspace.num_q_heads
+        or head_size != workspace.head_size
+        or query_tokens > workspace.max_query_tokens
+    ):
+        raise ValueError(
+            f"workspace was sized for max_batch={workspace.max_batch}, "
+            f"heads={workspace.num_q_heads}/{workspace.num_kv_heads}, "
+            f"head_size={workspace.head_size}, max_query_tokens="
+            f"{workspace.max_query_tokens}; got batch={batch}, heads="
+            f"{num_q_heads}/{num_kv_heads}, head_size={head_size}, "
+            f"query_tokens={query_tokens}"
+        )
+    _check_ndim("block_table", block_table, 2, "[batch, max_blocks]")
+    _check_dtype("block_table", block_table, (torch.int32,))
+    if block_table.shape[0] < batch or block_table.stride(1) != 1:
+        raise ValueError(
+            f"block_table must have >= {batch} rows and unit stride in dim 1, "
+            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
+        )
+    if out.shape != q.shape:
+        raise ValueError(
+            f"out shape {tuple(out.shape)} must equal q's {tuple(q.shape)}"
+        )
+    _check_dtype("out", out, _ACTIVATION_DTYPES)
+    if out.stride(2) != 1:
+        raise ValueError(
+            f"out must be contiguous in head_size, got strides {out.stride()}"
+        )
+    _check_strides("out", out, range(2), 8)
+    _check_aligned("out", out)
+    if q.dtype == torch.float8_e4m3fn:
+        if q_scale is None:
+            raise ValueError(
+                "q_scale is required for FP8 queries: float32 [tokens, num_q_heads]"
+            )
+        _check_tensor("q_scale", q_scale)
+        _check_dtype("q_scale", q_scale, (torch.float32,))
+        if q_scale.shape != (tokens, num_q_heads) or q_scale.stride(1) != 1:
+            raise ValueError(
+                f"q_scale must be [tokens, num_q_heads] = {(tokens, num_q_heads)} "
+                f"with unit stride in dim 1, got {tuple(q_scale.shape)}"
+            )
+    elif q_scale is not None:
+        raise ValueError("q_scale is only accepted with FP8 queries")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is None:
+            if fp8_kv:
+                raise ValueError(
+                    f"{name} is required with an FP8 KV cache: a float32 scalar tensor"
+                )
+            continue
+        _check_tensor(name, t)
+        _check_dtype(name, t, (torch.float32,))
+        if t.numel() != 1 or t.device != q.device:
+            raise ValueError(f"{name} must be a one-element tensor on {q.device}")
+    if not scale > 0.0 or scale == float("inf"):
+        raise ValueError(f"scale is {scale}; accepted: a finite positive float")
+    if not softcap >= 0.0:
+        raise ValueError(
+            f"softcap is {softcap}; accepted: 0 (none) or a positive float"
+        )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: DecodeWorkspace,
+    *,
+    scale: float,
+    query_tokens: int = 1,
+    q_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    softcap: float = 0.0,
+) -> None:
+    """Paged decode attention over a split-KV plan (decode kernel + combine).
+
+    ``q``: ``[batch * query_tokens, num_q_heads, head_size]``, token-major
+    per sequence (query t of sequence b is row b * query_tokens + t); bf16 or
+    fp16 matching a 16-bit cache, or bf16/fp16/FP8-E4M3 (with ``q_scale``
+    ``[tokens, num_q_heads]``) for an FP8 cache. ``key_cache``/``value_cache``:
+    strided ``[num_blocks, block_size, num_kv_heads, head_size]`` views.
+    ``kv_lens``: int32 ``[batch]`` KV lengths including the query tokens,
+    which attend causally to each other. ``workspace.plan(kv_lens,
+    query_tokens)`` must have run for these lengths; its sliding window
+    applies. ``k_scale``/``v_scale``: per-tensor FP8 dequantisation scales.
+    ``softcap``: logits soft-cap (0: none). ``out`` (bf16/fp16, shape of
+    ``q``) is written.
+    """
+    _validate_decode(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        kv_lens,
+        out,
+        workspace,
+        query_tokens,
+        q_scale,
+        k_scale,
+        v_scale,
+        scale,
+        softcap,
+    )
+    _require_library()
+    torch.ops._hpc_C.decode_attention(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        kv_lens,
+        workspace.plan_buffer,
+        out,
+        workspace.partial_out,
+        workspace.partial_lse,
+        q_scale,
+        k_scale,
+        v_scale,
+        float(scale),
+        float(softcap),
+        workspace.window,
+        query_tokens,
+        workspace.max_units,
+        workspace.max_ctas,
+    )
 
 
 if _LIBRARY_LOADED:
@@ -560,11 +1034,37 @@ if _LIBRARY_LOADED:
         plan: torch.Tensor,
         num_kv_heads: int,
         query_tokens: int,
+        window: int,
         num_ctas: int,
         max_units: int,
         min_split_tiles: int,
-        fixed_split_tiles: int,
+        mode: int,
+        split_tiles: int,
     ) -> None:
+        return None
+
+    @torch.library.register_fake("_hpc_C::decode_attention")
+    def _decode_attention_fake(
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        kv_lens: torch.Tensor,
+        plan: torch.Tensor,
+        out: torch.Tensor,
+        partial_out: torch.Tensor,
+        partial_lse: torch.Tensor,
+        q_scale: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        scale: float,
+        softcap: float,
+        window: int,
+        query_tokens: int,
+        max_units: int,
+        num_ctas: int,
+    ) -> None:
+        # out and the workspace are mutated in place.
         return None
 
     @torch.library.register_fake("_hpc_C::rope_norm_store_kv")

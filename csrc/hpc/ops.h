@@ -20,11 +20,24 @@ void rope_norm_store_kv(const at::Tensor& qkv, const at::Tensor& positions,
                         const std::optional<at::Tensor>& v_scale, double eps,
                         int64_t norm_policy, bool is_neox);
 
-// Split-KV decode plan into `plan` (int32, decode::PlanLayout) for KV
-// lengths on the host.
+// Split-KV decode plan into `plan` (int32, decode::PlanLayout): the host
+// planner for CPU lengths, the GPU planner for CUDA lengths.
 void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
-                 int64_t num_kv_heads, int64_t query_tokens, int64_t num_ctas,
-                 int64_t max_units, int64_t min_split_tiles,
-                 int64_t fixed_split_tiles);
+                 int64_t num_kv_heads, int64_t query_tokens, int64_t window,
+                 int64_t num_ctas, int64_t max_units, int64_t min_split_tiles,
+                 int64_t mode, int64_t split_tiles);
+
+// Split-KV paged decode attention (decode kernel + combine) following a plan
+// written by plan_decode.
+void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
+                      const at::Tensor& value_cache,
+                      const at::Tensor& block_table, const at::Tensor& kv_lens,
+                      const at::Tensor& plan, at::Tensor& out,
+                      at::Tensor& partial_out, at::Tensor& partial_lse,
+                      const std::optional<at::Tensor>& q_scale,
+                      const std::optional<at::Tensor>& k_scale,
+                      const std::optional<at::Tensor>& v_scale, double scale,
+                      double softcap, int64_t window, int64_t query_tokens,
+                      int64_t max_units, int64_t num_ctas);
 
 }  // namespace hpc

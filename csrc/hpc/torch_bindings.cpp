@@ -17,12 +17,20 @@ TORCH_LIBRARY(_hpc_C, m) {
       "int norm_policy, bool is_neox) -> ()");
   m.def(
       "plan_decode(Tensor kv_lens, Tensor(a!) plan, int num_kv_heads, "
-      "int query_tokens, int num_ctas, int max_units, int min_split_tiles, "
-      "int fixed_split_tiles) -> ()");
+      "int query_tokens, int window, int num_ctas, int max_units, "
+      "int min_split_tiles, int mode, int split_tiles) -> ()");
+  m.def(
+      "decode_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_table, Tensor kv_lens, Tensor plan, Tensor(a!) out, "
+      "Tensor(b!) partial_out, Tensor(c!) partial_lse, Tensor? q_scale, "
+      "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
+      "int window, int query_tokens, int max_units, int num_ctas) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
   m.impl("rope_norm_store_kv", &hpc::rope_norm_store_kv);
+  m.impl("plan_decode", &hpc::plan_decode);
+  m.impl("decode_attention", &hpc::decode_attention);
 }
 
 TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) { m.impl("plan_decode", &hpc::plan_decode); }

@@ -28,23 +28,52 @@ pytestmark = pytest.mark.skipif(
 TILE = hpc_ops.DECODE_TILE_TOKENS
 
 
+SplitMode = hpc_ops.SplitMode
+
+
 def plan_of(
     lens: list[int],
     num_kv_heads: int = 1,
     num_ctas: int = 132,
     min_split_len: int = 1024,
     fixed_split_len: int = 0,
+    mode: SplitMode | None = None,
+    window: int = 0,
+    query_tokens: int = 1,
 ) -> hpc_ops.DecodePlan:
     kv_lens = torch.tensor(lens, dtype=torch.int32)
     plan = hpc_ops.plan_decode_host(
         kv_lens,
         num_kv_heads,
-        1,
+        query_tokens,
         num_ctas,
         min_split_len=min_split_len,
         fixed_split_len=fixed_split_len,
+        window=window,
+        mode=mode,
     )
-    return hpc_ops.DecodePlan.from_workspace(plan, len(lens) * num_kv_heads, num_ctas)
+    units = len(lens) * num_kv_heads
+    max_ctas = units * 16 if mode == SplitMode.STATIC else num_ctas
+    return hpc_ops.DecodePlan.from_workspace(plan, units, max_ctas)
+
+
+def visible_tiles(length: int, query_tokens: int, window: int) -> int:
+    """Tiles of a sequence some query can see (independent of the kernel)."""
+    if length <= 0:
+        return 0
+    first = 0
+    if window > 0:
+        first = max(0, length - query_tokens - window + 1) // TILE
+    return math.ceil(length / TILE) - first
+
+
+def tiles_per_granule(tiles: int, mode: SplitMode, fixed_split_len: int) -> int:
+    if mode == SplitMode.BALANCED:
+        return 1
+    if mode == SplitMode.BATCH_INVARIANT:
+        return fixed_split_len // TILE
+    splits = min(16, max(1, math.ceil(tiles * TILE / 512)))
+    return math.ceil(tiles / splits)
 
 
 def walk(plan: hpc_ops.DecodePlan) -> list[list[tuple[int, int, int]]]:
@@ -62,8 +91,8 @@ def walk(plan: hpc_ops.DecodePlan) -> list[list[tuple[int, int, int]]]:
             while offsets[unit + 1] <= x:
                 unit += 1
             stop = min(end, offsets[unit + 1])
-            if plan.batch_invariant:
-                # Batch-invariant mode: every granule is its own piece.
+            if plan.mode != SplitMode.BALANCED:
+                # Every granule is its own piece.
                 for g in range(x, stop):
                     pieces.append((unit, g - offsets[unit], g - offsets[unit] + 1))
             else:
@@ -80,18 +109,31 @@ def check_plan(
     num_ctas: int,
     min_split_len: int,
     fixed_split_len: int,
+    mode: SplitMode | None = None,
+    window: int = 0,
+    query_tokens: int = 1,
 ) -> None:
+    if mode is None:
+        mode = SplitMode.BATCH_INVARIANT if fixed_split_len else SplitMode.BALANCED
     batch = len(lens)
-    granule_tiles = max(1, fixed_split_len // TILE)
-    tiles = [math.ceil(n / TILE) for n in lens]
-    granules = [math.ceil(t / granule_tiles) for t in tiles]
+    tiles = [visible_tiles(n, query_tokens, window) for n in lens]
+    granules = [
+        math.ceil(t / tiles_per_granule(t, mode, fixed_split_len)) if t else 0
+        for t in tiles
+    ]
     total = sum(granules) * num_kv_heads
 
     assert plan.num_units == batch * num_kv_heads
     assert plan.total_granules == total
-    assert plan.granule_tiles == granule_tiles
-    assert plan.batch_invariant == (fixed_split_len > 0)
-    if fixed_split_len:
+    assert plan.mode == mode
+    assert plan.window == window
+    assert plan.query_tokens == query_tokens
+    assert plan.split_tiles == (
+        fixed_split_len // TILE if mode == SplitMode.BATCH_INVARIANT else 0
+    )
+    if mode == SplitMode.STATIC:
+        expected_ctas = total
+    elif mode == SplitMode.BATCH_INVARIANT:
         expected_ctas = min(num_ctas, total)
     else:
         split_tiles = max(1, min_split_len // TILE)
@@ -171,6 +213,33 @@ def test_plan_properties_random(seed: int) -> None:
     check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
 
 
+@pytest.mark.parametrize("lens", LENGTH_SETS.values(), ids=LENGTH_SETS.keys())
+@pytest.mark.parametrize(("window", "query_tokens"), [(0, 1), (1000, 1), (100, 4)])
+def test_static_mode(lens: list[int], window: int, query_tokens: int) -> None:
+    """min(16, ceil(len / 512)) pieces per unit, one CTA each."""
+    plan = plan_of(
+        lens, 2, 132, mode=SplitMode.STATIC, window=window, query_tokens=query_tokens
+    )
+    check_plan(plan, lens, 2, 132, 1024, 0, SplitMode.STATIC, window, query_tokens)
+    for u, length in enumerate(lens):
+        tiles = visible_tiles(length, query_tokens, window)
+        if tiles:
+            per = tiles_per_granule(tiles, SplitMode.STATIC, 0)
+            assert int(plan.unit_num_pieces[u]) == math.ceil(tiles / per) <= 16
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_window_skips_invisible_tiles(seed: int) -> None:
+    rng = random.Random(seed)
+    lens = [rng.randint(0, 50000) for _ in range(rng.randint(1, 40))]
+    window = rng.choice([1, 63, 64, 65, 1000, 4096])
+    query_tokens = rng.randint(1, 4)
+    mode = rng.choice(list(SplitMode))
+    fixed = TILE * 4 if mode == SplitMode.BATCH_INVARIANT else 0
+    plan = plan_of(lens, 2, 50, 256, fixed, mode, window, query_tokens)
+    check_plan(plan, lens, 2, 50, 256, fixed, mode, window, query_tokens)
+
+
 def test_w1_balances_the_long_sequence() -> None:
     """One 128K sequence with 31 4K ones: the long one is cut over many CTAs
     and every CTA gets the same number of tiles within one."""
@@ -212,6 +281,8 @@ def test_batch_invariant_mode_ignores_neighbours(seed: int) -> None:
         ({"min_split_len": 100}, "min_split_len"),
         ({"fixed_split_len": -64}, "fixed_split_len"),
         ({"max_batch": 0}, "max_batch"),
+        ({"window": -1}, "window"),
+        ({"mode": SplitMode.BATCH_INVARIANT}, "fixed_split_len"),
     ],
 )
 def test_plan_validation(kwargs: dict, match: str) -> None:
@@ -234,6 +305,6 @@ def test_plan_op_schema_and_fake() -> None:
     plan = torch.zeros(size, dtype=torch.int32)
     torch.library.opcheck(
         torch.ops._hpc_C.plan_decode.default,
-        (kv_lens, plan, 2, 1, 16, 6, 1, 0),
+        (kv_lens, plan, 2, 1, 0, 16, 6, 1, 0, 0),
         test_utils=("test_schema", "test_faketensor"),
     )

@@ -8,26 +8,27 @@
 namespace hpc {
 namespace decode {
 
-void plan_decode_host(const int32_t* kv_lens, int batch, int num_kv_heads,
-                      int query_tokens, int ctas_offered, int min_split_tiles,
-                      int fixed_split_tiles, const PlanLayout& layout,
-                      int32_t* plan) {
-  const int num_units = batch * num_kv_heads;
-  if (num_units > layout.max_units || ctas_offered > layout.max_ctas) {
+void plan_decode_host(const int32_t* kv_lens, const PlanArgs& args,
+                      const PlanLayout& layout, int32_t* plan) {
+  const int num_units = args.batch * args.num_kv_heads;
+  if (num_units > layout.max_units || args.ctas_offered > layout.max_ctas) {
     throw std::invalid_argument("plan_decode: workspace too small");
   }
-  const bool balanced = fixed_split_tiles == 0;
-  const int granule_tiles = balanced ? 1 : fixed_split_tiles;
 
   int32_t* unit_offset = plan + layout.unit_granule_offset();
   int64_t total = 0;
   for (int u = 0; u < num_units; ++u) {
     unit_offset[u] = static_cast<int32_t>(total);
-    total += unit_granules(kv_lens[u % batch], granule_tiles);
+    const int tiles =
+        unit_tiles(kv_lens[u % args.batch], args.query_tokens, args.window);
+    total += unit_granules(tiles, args.mode, args.split_tiles);
   }
   unit_offset[num_units] = static_cast<int32_t>(total);
   const int num_ctas =
-      ctas_used(total, ctas_offered, min_split_tiles, balanced);
+      ctas_used(total, args.ctas_offered, args.min_split_tiles, args.mode);
+  if (num_ctas > layout.max_ctas) {
+    throw std::invalid_argument("plan_decode: more pieces than CTA slots");
+  }
 
   int32_t* num_pieces = plan + layout.unit_num_pieces();
   int32_t* first_partial = plan + layout.unit_first_partial();
@@ -36,7 +37,7 @@ void plan_decode_host(const int32_t* kv_lens, int batch, int num_kv_heads,
     const int count = unit_offset[u + 1] - unit_offset[u];
     const int pieces = num_ctas == 0 ? 0
                                      : unit_pieces(unit_offset[u], count, total,
-                                                   num_ctas, balanced);
+                                                   num_ctas, args.mode);
     num_pieces[u] = pieces;
     first_partial[u] = pieces > 1 ? partials : -1;
     if (pieces > 1) partials += pieces;
@@ -58,9 +59,11 @@ void plan_decode_host(const int32_t* kv_lens, int batch, int num_kv_heads,
   plan[kTotalGranules] = static_cast<int32_t>(total);
   plan[kNumCtas] = num_ctas;
   plan[kNumPartials] = partials;
-  plan[kGranuleTiles] = granule_tiles;
-  plan[kQueryTokens] = query_tokens;
-  plan[kBatchInvariant] = balanced ? 0 : 1;
+  plan[kSplitTiles] =
+      args.mode == SplitMode::kBatchInvariant ? args.split_tiles : 0;
+  plan[kQueryTokens] = args.query_tokens;
+  plan[kMode] = static_cast<int32_t>(args.mode);
+  plan[kWindow] = args.window;
 }
 
 }  // namespace decode

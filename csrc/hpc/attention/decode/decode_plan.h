@@ -2,25 +2,31 @@
 // how the combine finds the pieces of a split sequence.
 //
 // Work is cut into 64-token KV tiles per (KV head, sequence) "unit", in the
-// order unit = kv_head * batch + sequence. Two modes:
+// order unit = kv_head * batch + sequence. A unit's tiles start at the first
+// tile its sliding window can see (tile 0 without a window). Three modes:
 //
-// * balanced (fixed_split_tiles == 0): the work granule is one tile. The
-//   W = sum of all units' tiles are dealt to C CTAs as contiguous ranges
-//   [floor(c * W / C), floor((c + 1) * W / C)), so tile counts differ by at
-//   most one between CTAs; a unit is split wherever a range boundary falls.
-//   C is the number of CTAs the caller offers, reduced so that every CTA
-//   gets at least min_split_tiles tiles.
-// * batch-invariant (fixed_split_tiles == S > 0): every unit is cut into
-//   pieces of S tiles (the last may be shorter), independently of the other
-//   sequences, and the pieces are dealt to CTAs as contiguous ranges in the
-//   same way. Each piece is combined in a fixed order, so a sequence's output
-//   does not depend on what it is batched with.
+// * balanced: the work granule is one tile. The W = sum of all units' tiles
+//   are dealt to C CTAs as contiguous ranges [floor(c * W / C),
+//   floor((c + 1) * W / C)), so tile counts differ by at most one between
+//   CTAs; a unit is split wherever a range boundary falls. C is the number of
+//   CTAs the caller offers, reduced so that every CTA gets at least
+//   min_split_tiles tiles.
+// * batch-invariant: every unit is cut into pieces of S = split_tiles tiles
+//   (the last may be shorter), independently of the other sequences, and the
+//   pieces are dealt to CTAs as contiguous ranges in the same way. Each piece
+//   is combined in a fixed order, so a sequence's output does not depend on
+//   what it is batched with.
+// * static: the classic split-KV schedule, kept for A/B comparison: a unit of
+//   L tokens is cut into min(16, ceil(L / 512)) equal pieces and every piece
+//   gets a CTA of its own.
 //
 // The plan is a flat int32 workspace (layout below) written either by the
 // host implementation or by the GPU planner; both evaluate the functions in
 // this header, so their outputs are bit-identical. No torch, no device code
 // beyond __host__ __device__ helpers.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 
@@ -34,16 +40,21 @@ namespace hpc {
 namespace decode {
 
 constexpr int kTileTokens = 64;
+constexpr int kStaticMaxSplits = 16;
+constexpr int kStaticSplitTokens = 512;
+
+enum class SplitMode : int { kBalanced = 0, kBatchInvariant = 1, kStatic = 2 };
 
 // Header fields, at the start of the workspace.
 enum PlanHeader : int {
-  kNumUnits = 0,    // batch * num_kv_heads
-  kTotalGranules,   // W: tiles (balanced) or pieces (batch-invariant)
-  kNumCtas,         // CTAs that receive work (<= the CTAs offered)
-  kNumPartials,     // pieces of split units: rows of partial output/LSE
-  kGranuleTiles,    // 1 (balanced) or S (batch-invariant)
-  kQueryTokens,     // query tokens per sequence
-  kBatchInvariant,  // 1: every granule is a piece of its own
+  kNumUnits = 0,   // batch * num_kv_heads
+  kTotalGranules,  // W: tiles (balanced) or pieces (other modes)
+  kNumCtas,        // CTAs that receive work
+  kNumPartials,    // pieces of split units: rows of partial output/LSE
+  kSplitTiles,     // S of the batch-invariant mode, else 0
+  kQueryTokens,    // query tokens per sequence
+  kMode,           // SplitMode
+  kWindow,         // sliding window in tokens, 0: none
   kHeaderSize = 8,
 };
 
@@ -78,19 +89,49 @@ HPC_HOST_DEVICE int num_tiles(int kv_len) {
   return kv_len <= 0 ? 0 : (kv_len + kTileTokens - 1) / kTileTokens;
 }
 
-// Granules of one unit: its tiles, or its S-tile pieces.
-HPC_HOST_DEVICE int unit_granules(int kv_len, int granule_tiles) {
-  const int tiles = num_tiles(kv_len);
-  return (tiles + granule_tiles - 1) / granule_tiles;
+// First KV tile any of the unit's query tokens can see: the last
+// query_tokens positions of the sequence are the queries, and with a window
+// of w tokens the query at position p sees (p - w, p].
+HPC_HOST_DEVICE int first_visible_tile(int kv_len, int query_tokens,
+                                       int window) {
+  if (window <= 0) return 0;
+  const int first = kv_len - query_tokens - window + 1;
+  return first <= 0 ? 0 : first / kTileTokens;
 }
 
-// CTAs that receive work: all offered, but in balanced mode no more than
-// keep min_split_tiles tiles per CTA.
+// Tiles of a unit that are read: from the first visible tile to the end.
+HPC_HOST_DEVICE int unit_tiles(int kv_len, int query_tokens, int window) {
+  const int tiles = num_tiles(kv_len);
+  return tiles == 0 ? 0
+                    : tiles - first_visible_tile(kv_len, query_tokens, window);
+}
+
+// Tiles per granule of a unit with `tiles` tiles.
+HPC_HOST_DEVICE int granule_tiles(int tiles, SplitMode mode, int split_tiles) {
+  if (mode == SplitMode::kBalanced) return 1;
+  if (mode == SplitMode::kBatchInvariant) return split_tiles;
+  int splits =
+      (tiles * kTileTokens + kStaticSplitTokens - 1) / kStaticSplitTokens;
+  if (splits > kStaticMaxSplits) splits = kStaticMaxSplits;
+  if (splits < 1) splits = 1;
+  return (tiles + splits - 1) / splits;
+}
+
+HPC_HOST_DEVICE int unit_granules(int tiles, SplitMode mode, int split_tiles) {
+  if (tiles <= 0) return 0;
+  const int per = granule_tiles(tiles, mode, split_tiles);
+  return (tiles + per - 1) / per;
+}
+
+// CTAs that receive work. Balanced: all offered, but no more than keep
+// min_split_tiles tiles each. Batch-invariant: all offered, at most one per
+// piece. Static: one per piece.
 HPC_HOST_DEVICE int ctas_used(int64_t total_granules, int ctas_offered,
-                              int min_split_tiles, bool balanced) {
+                              int min_split_tiles, SplitMode mode) {
   if (total_granules <= 0) return 0;
+  if (mode == SplitMode::kStatic) return static_cast<int>(total_granules);
   int64_t limit = total_granules;
-  if (balanced && min_split_tiles > 1) {
+  if (mode == SplitMode::kBalanced && min_split_tiles > 1) {
     limit = total_granules / min_split_tiles;
     if (limit < 1) limit = 1;
   }
@@ -108,21 +149,37 @@ HPC_HOST_DEVICE int cta_of(int64_t x, int64_t total_granules, int num_ctas) {
 }
 
 // Pieces unit u is cut into, given its granule range [first, first + count).
+// Balanced: one per CTA its tiles touch; other modes: one per granule.
 HPC_HOST_DEVICE int unit_pieces(int64_t first, int count,
                                 int64_t total_granules, int num_ctas,
-                                bool balanced) {
+                                SplitMode mode) {
   if (count == 0) return 0;
-  if (!balanced) return count;  // every S-tile piece stands alone
+  if (mode != SplitMode::kBalanced) return count;
   return cta_of(first + count - 1, total_granules, num_ctas) -
          cta_of(first, total_granules, num_ctas) + 1;
 }
 
-// Host planner: fills `plan` (PlanLayout{max_units, max_ctas}.size() ints)
-// for `batch` sequences with KV lengths `kv_lens`.
-void plan_decode_host(const int32_t* kv_lens, int batch, int num_kv_heads,
-                      int query_tokens, int ctas_offered, int min_split_tiles,
-                      int fixed_split_tiles, const PlanLayout& layout,
-                      int32_t* plan);
+struct PlanArgs {
+  int batch;
+  int num_kv_heads;
+  int query_tokens;
+  int window;  // 0: none
+  int ctas_offered;
+  int min_split_tiles;
+  SplitMode mode;
+  int split_tiles;  // batch-invariant mode
+};
+
+// Host planner: fills `plan` (layout.size() int32) for `args.batch`
+// sequences with KV lengths `kv_lens`.
+void plan_decode_host(const int32_t* kv_lens, const PlanArgs& args,
+                      const PlanLayout& layout, int32_t* plan);
+
+// GPU planner: the same plan from device-resident lengths, in one small
+// kernel launched with PDL (graph-capturable).
+void plan_decode_device(const int32_t* kv_lens, const PlanArgs& args,
+                        const PlanLayout& layout, int32_t* plan,
+                        cudaStream_t stream);
 
 }  // namespace decode
 }  // namespace hpc

@@ -1,5 +1,8 @@
-// at::Tensor adapter of the split-KV decode planner (host implementation).
+// at::Tensor adapter of the split-KV decode planner: the host
+// implementation for CPU lengths, the GPU planner for CUDA lengths.
 #include <ATen/Tensor.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
 #include "attention/decode/decode_plan.h"
@@ -8,20 +11,36 @@
 namespace hpc {
 
 void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
-                 int64_t num_kv_heads, int64_t query_tokens, int64_t num_ctas,
-                 int64_t max_units, int64_t min_split_tiles,
-                 int64_t fixed_split_tiles) {
-  TORCH_CHECK(kv_lens.device().is_cpu() && plan.device().is_cpu());
+                 int64_t num_kv_heads, int64_t query_tokens, int64_t window,
+                 int64_t num_ctas, int64_t max_units, int64_t min_split_tiles,
+                 int64_t mode, int64_t split_tiles) {
+  TORCH_CHECK(kv_lens.device() == plan.device());
   TORCH_CHECK(kv_lens.scalar_type() == at::kInt && kv_lens.is_contiguous());
   TORCH_CHECK(plan.scalar_type() == at::kInt && plan.is_contiguous());
+  TORCH_CHECK(mode >= 0 && mode <= 2);
   const decode::PlanLayout layout{static_cast<int>(max_units),
                                   static_cast<int>(num_ctas)};
   TORCH_CHECK(plan.numel() >= layout.size());
-  decode::plan_decode_host(
-      kv_lens.data_ptr<int32_t>(), static_cast<int>(kv_lens.numel()),
-      static_cast<int>(num_kv_heads), static_cast<int>(query_tokens),
-      static_cast<int>(num_ctas), static_cast<int>(min_split_tiles),
-      static_cast<int>(fixed_split_tiles), layout, plan.data_ptr<int32_t>());
+  decode::PlanArgs args{};
+  args.batch = static_cast<int>(kv_lens.numel());
+  args.num_kv_heads = static_cast<int>(num_kv_heads);
+  args.query_tokens = static_cast<int>(query_tokens);
+  args.window = static_cast<int>(window);
+  args.ctas_offered = static_cast<int>(num_ctas);
+  args.min_split_tiles = static_cast<int>(min_split_tiles);
+  args.mode = static_cast<decode::SplitMode>(mode);
+  args.split_tiles = static_cast<int>(split_tiles);
+  TORCH_CHECK(args.batch * args.num_kv_heads <= layout.max_units);
+  if (kv_lens.is_cpu()) {
+    decode::plan_decode_host(kv_lens.data_ptr<int32_t>(), args, layout,
+                             plan.data_ptr<int32_t>());
+    return;
+  }
+  TORCH_CHECK(kv_lens.is_cuda());
+  const at::cuda::CUDAGuard device_guard(kv_lens.device());
+  decode::plan_decode_device(kv_lens.data_ptr<int32_t>(), args, layout,
+                             plan.data_ptr<int32_t>(),
+                             at::cuda::getCurrentCUDAStream());
 }
 
 }  // namespace hpc

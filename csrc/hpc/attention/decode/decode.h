@@ -1,0 +1,38 @@
+// Host entry points of split-KV decode attention (no torch).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/decode/decode_params.h"
+
+namespace hpc {
+namespace decode {
+
+// A K or V cache as a strided [num_blocks, block_size, num_kv_heads,
+// head_size] view (element strides; the head dimension is contiguous).
+struct PagedCacheView {
+  const void* data;
+  int64_t num_blocks;
+  int64_t block_stride;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+// Decode kernel then combine, both launched with PDL on `stream`. `grid` is
+// the CTA count the plan was sized for (layout.max_ctas).
+void decode_attention(const DecodeParams& params, int head_dim,
+                      ElemType kv_type, const PagedCacheView& k_cache,
+                      const PagedCacheView& v_cache, int grid, int combine_grid,
+                      cudaStream_t stream);
+
+// Per head size (decode_hd<D>.cu): the decode kernel alone.
+template <int kHeadDim>
+void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,
+                          const CUtensorMap& k_map, const CUtensorMap& v_map,
+                          int grid, cudaStream_t stream);
+
+}  // namespace decode
+}  // namespace hpc

@@ -1,0 +1,66 @@
+// Template dispatch of the decode kernel for one head size; included by the
+// per-head-size translation units so that they compile in parallel.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "attention/decode/decode.h"
+#include "attention/decode/decode_kernel.cuh"
+#include "common/cuda_check.h"
+#include "common/device_info.h"
+#include "common/pdl.cuh"
+
+namespace hpc {
+namespace decode {
+
+template <int kHeadDim, typename KvT, int kTokenGroups>
+void launch_typed(const DecodeParams& params, const CUtensorMap& k_map,
+                  const CUtensorMap& v_map, int grid, cudaStream_t stream) {
+  using Smem = SmemPlan<kHeadDim, sizeof(KvT)>;
+  const DeviceInfo& device = current_device_info();
+  if (Smem::kBytes > device.max_smem_per_block) {
+    throw std::invalid_argument(
+        "decode_attention: needs " + std::to_string(Smem::kBytes) +
+        " bytes of shared memory per block, the device offers " +
+        std::to_string(device.max_smem_per_block));
+  }
+  auto kernel = decode_kernel<kHeadDim, KvT, kTokenGroups>;
+  HPC_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
+  launch_with_pdl(kernel, dim3(grid), dim3(kDecodeThreads), Smem::kBytes,
+                  stream, params, k_map, v_map);
+}
+
+// Token groups per row tile: the four consumer warps cover the unit's rows
+// (16 per warp) and split the tile's tokens between the warps left over.
+template <int kHeadDim, typename KvT>
+void launch_rows(const DecodeParams& params, const CUtensorMap& k_map,
+                 const CUtensorMap& v_map, int grid, cudaStream_t stream) {
+  if (params.rows <= 16) {
+    launch_typed<kHeadDim, KvT, 4>(params, k_map, v_map, grid, stream);
+  } else if (params.rows <= 32) {
+    launch_typed<kHeadDim, KvT, 2>(params, k_map, v_map, grid, stream);
+  } else {
+    launch_typed<kHeadDim, KvT, 1>(params, k_map, v_map, grid, stream);
+  }
+}
+
+template <int kHeadDim>
+void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,
+                          const CUtensorMap& k_map, const CUtensorMap& v_map,
+                          int grid, cudaStream_t stream) {
+  switch (kv_type) {
+    case ElemType::kBf16:
+      return launch_rows<kHeadDim, __nv_bfloat16>(params, k_map, v_map, grid,
+                                                  stream);
+    case ElemType::kFp16:
+      return launch_rows<kHeadDim, __half>(params, k_map, v_map, grid, stream);
+    case ElemType::kFp8E4m3:
+      return launch_rows<kHeadDim, __nv_fp8_e4m3>(params, k_map, v_map, grid,
+                                                  stream);
+  }
+}
+
+}  // namespace decode
+}  // namespace hpc

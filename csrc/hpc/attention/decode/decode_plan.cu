@@ -1,0 +1,148 @@
+// GPU split-KV decode planner: one CTA evaluates decode_plan.h for all units
+// with two block-wide prefix sums (granule offsets, partial rows) and one
+// binary search per CTA, so its cost is O(batch) with no serial walk and no
+// inter-CTA waiting. Lengths may change between CUDA-graph replays.
+#include <cuda_runtime.h>
+
+#include "attention/decode/decode_plan.h"
+#include "common/pdl.cuh"
+
+namespace hpc {
+namespace decode {
+namespace {
+
+constexpr int kMaxPlannerThreads = 1024;
+
+// Exclusive prefix sum of one int per thread over the block; `total`
+// receives the block's sum. Every thread of the block must call it.
+__device__ int block_exclusive_sum(int value, int* warp_sums, int* total) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int num_warps = (blockDim.x + 31) / 32;
+  int inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    int sum = lane < num_warps ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, sum, offset);
+      if (lane >= offset) sum += other;
+    }
+    if (lane < num_warps) warp_sums[lane] = sum;  // inclusive over warps
+  }
+  __syncthreads();
+  const int before = warp == 0 ? 0 : warp_sums[warp - 1];
+  *total = warp_sums[num_warps - 1];
+  __syncthreads();  // warp_sums may be reused by the next call
+  return before + inclusive - value;
+}
+
+// The unit holding granule x: the largest u with offset[u] <= x.
+__device__ int find_unit(const int32_t* offset, int num_units, int x) {
+  int lo = 0, hi = num_units - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offset[mid] <= x) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+__global__ void __launch_bounds__(kMaxPlannerThreads)
+    plan_decode_kernel(const int32_t* __restrict__ kv_lens, const PlanArgs args,
+                       const PlanLayout layout, int32_t* __restrict__ plan) {
+  __shared__ int warp_sums[32];
+  pdl_launch_dependents();
+  pdl_wait_for_producer();  // lengths may be written by the previous kernel
+
+  const int num_units = args.batch * args.num_kv_heads;
+  const int per_thread = (num_units + blockDim.x - 1) / blockDim.x;
+  const int u_begin =
+      min(num_units, static_cast<int>(threadIdx.x) * per_thread);
+  const int u_end = min(num_units, u_begin + per_thread);
+  auto granules_of = [&](int u) {
+    const int tiles =
+        unit_tiles(kv_lens[u % args.batch], args.query_tokens, args.window);
+    return unit_granules(tiles, args.mode, args.split_tiles);
+  };
+
+  int32_t* offset = plan + layout.unit_granule_offset();
+  int local = 0;
+  for (int u = u_begin; u < u_end; ++u) local += granules_of(u);
+  int total = 0;
+  int running = block_exclusive_sum(local, warp_sums, &total);
+  for (int u = u_begin; u < u_end; ++u) {
+    offset[u] = running;
+    running += granules_of(u);
+  }
+  if (threadIdx.x == 0) offset[num_units] = total;
+  const int num_ctas =
+      ctas_used(total, args.ctas_offered, args.min_split_tiles, args.mode);
+  __syncthreads();  // every offset is visible to the block
+
+  int32_t* num_pieces = plan + layout.unit_num_pieces();
+  int32_t* first_partial = plan + layout.unit_first_partial();
+  auto pieces_of = [&](int u) {
+    return num_ctas == 0 ? 0
+                         : unit_pieces(offset[u], offset[u + 1] - offset[u],
+                                       total, num_ctas, args.mode);
+  };
+  local = 0;
+  for (int u = u_begin; u < u_end; ++u) {
+    const int pieces = pieces_of(u);
+    if (pieces > 1) local += pieces;
+  }
+  int partials = 0;
+  running = block_exclusive_sum(local, warp_sums, &partials);
+  for (int u = u_begin; u < u_end; ++u) {
+    const int pieces = pieces_of(u);
+    num_pieces[u] = pieces;
+    first_partial[u] = pieces > 1 ? running : -1;
+    if (pieces > 1) running += pieces;
+  }
+
+  int32_t* begin = plan + layout.cta_granule_begin();
+  int32_t* first_unit = plan + layout.cta_first_unit();
+  for (int c = threadIdx.x; c < num_ctas; c += blockDim.x) {
+    const int x = static_cast<int>(cta_begin(c, total, num_ctas));
+    begin[c] = x;
+    first_unit[c] = find_unit(offset, num_units, x);
+  }
+  if (threadIdx.x == 0) {
+    begin[num_ctas] = total;
+    plan[kNumUnits] = num_units;
+    plan[kTotalGranules] = total;
+    plan[kNumCtas] = num_ctas;
+    plan[kNumPartials] = partials;
+    plan[kSplitTiles] =
+        args.mode == SplitMode::kBatchInvariant ? args.split_tiles : 0;
+    plan[kQueryTokens] = args.query_tokens;
+    plan[kMode] = static_cast<int32_t>(args.mode);
+    plan[kWindow] = args.window;
+  }
+}
+
+}  // namespace
+
+void plan_decode_device(const int32_t* kv_lens, const PlanArgs& args,
+                        const PlanLayout& layout, int32_t* plan,
+                        cudaStream_t stream) {
+  const int num_units = args.batch * args.num_kv_heads;
+  int threads = ((num_units + 31) / 32) * 32;
+  if (threads < 128) threads = 128;
+  if (threads > kMaxPlannerThreads) threads = kMaxPlannerThreads;
+  launch_with_pdl(plan_decode_kernel, dim3(1), dim3(threads), 0, stream,
+                  kv_lens, args, layout, plan);
+}
+
+}  // namespace decode
+}  // namespace hpc
