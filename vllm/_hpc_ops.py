@@ -597,7 +597,7 @@ def plan_decode_host(
     _require_library()
     max_units = batch * num_kv_heads
     max_ctas = _plan_ctas(mode, num_ctas, max_units)
-    plan = torch.empty(decode_plan_size(max_units, max_ctas), dtype=torch.int32)
+    plan = torch.zeros(decode_plan_size(max_units, max_ctas), dtype=torch.int32)
     torch.ops._hpc_C.plan_decode(
         kv_lens.contiguous(),
         plan,
@@ -658,6 +658,7 @@ class DecodeWorkspace:
         max_kv_tokens: int,
         device: torch.device | str,
         max_query_tokens: int = 1,
+        kv_cache_dtype: torch.dtype = torch.bfloat16,
         mode: SplitMode = SplitMode.BALANCED,
         min_split_len: int = 256,
         fixed_split_len: int = 0,
@@ -668,7 +669,9 @@ class DecodeWorkspace:
 
         ``max_kv_tokens``: KV-cache capacity in tokens (blocks x block size);
         it bounds the pieces of the batch-invariant and static modes.
-        ``num_ctas``: persistent CTAs (default: the device's SM count).
+        ``kv_cache_dtype``: the cache's dtype, which sets how many decode
+        CTAs share an SM. ``num_ctas``: persistent CTAs (default: the SM
+        count times the CTAs per SM of this configuration).
         """
         device = torch.device(device)
         if device.type != "cuda":
@@ -694,8 +697,15 @@ class DecodeWorkspace:
             raise ValueError(
                 f"window is {window}; accepted: 0 (none) or a positive int"
             )
+        _check_dtype(
+            "kv_cache_dtype", torch.empty(0, dtype=kv_cache_dtype), _DECODE_KV_DTYPES
+        )
         if num_ctas is None:
-            num_ctas = _device_sm_count(device)
+            _require_library()
+            elem_bytes = 1 if kv_cache_dtype == torch.float8_e4m3fn else 2
+            num_ctas = _device_sm_count(device) * torch.ops._hpc_C.decode_ctas_per_sm(
+                head_size, elem_bytes
+            )
         if num_ctas < 1:
             raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
         max_units = max_batch * num_kv_heads

@@ -40,4 +40,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                       double softcap, int64_t window, int64_t query_tokens,
                       int64_t max_units, int64_t num_ctas);
 
+// Persistent decode CTAs per SM for a head size and KV element size.
+int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
+
 }  // namespace hpc

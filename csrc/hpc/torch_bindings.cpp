@@ -25,6 +25,8 @@ TORCH_LIBRARY(_hpc_C, m) {
       "Tensor(b!) partial_out, Tensor(c!) partial_lse, Tensor? q_scale, "
       "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
+  m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",
+        &hpc::decode_ctas_per_sm);
 }
 
 TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {

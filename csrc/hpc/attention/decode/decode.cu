@@ -5,6 +5,7 @@
 
 #include "attention/decode/combine_kernel.cuh"
 #include "attention/decode/decode.h"
+#include "attention/decode/decode_kernel.cuh"
 #include "common/pdl.cuh"
 #include "common/tma_desc.h"
 
@@ -39,7 +40,27 @@ CUtensorMap paged_cache_map(const PagedCacheView& view, ElemType type,
                                              : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
+template <int kHeadDim>
+int ctas_per_sm(ElemType kv_type) {
+  return kv_type == ElemType::kFp8E4m3 ? SmemPlan<kHeadDim, 1>::kCtasPerSm
+                                       : SmemPlan<kHeadDim, 2>::kCtasPerSm;
+}
+
 }  // namespace
+
+int decode_ctas_per_sm(int head_dim, ElemType kv_type) {
+  switch (head_dim) {
+    case 64:
+      return ctas_per_sm<64>(kv_type);
+    case 128:
+      return ctas_per_sm<128>(kv_type);
+    case 256:
+      return ctas_per_sm<256>(kv_type);
+    default:
+      throw std::invalid_argument("decode: unsupported head size " +
+                                  std::to_string(head_dim));
+  }
+}
 
 void decode_attention(const DecodeParams& params, int head_dim,
                       ElemType kv_type, const PagedCacheView& k_cache,

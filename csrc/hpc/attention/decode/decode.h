@@ -28,6 +28,10 @@ void decode_attention(const DecodeParams& params, int head_dim,
                       const PagedCacheView& v_cache, int grid, int combine_grid,
                       cudaStream_t stream);
 
+// Persistent decode CTAs that fit on one SM for this configuration; plans
+// should offer SM count x this many CTAs.
+int decode_ctas_per_sm(int head_dim, ElemType kv_type);
+
 // Per head size (decode_hd<D>.cu): the decode kernel alone.
 template <int kHeadDim>
 void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,

@@ -50,7 +50,11 @@ constexpr int kConsumerWarps = 4;
 constexpr int kDecodeThreads = (kConsumerWarps + 1) * 32;
 constexpr int kMaxRows = 64;
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kSmemBudget = 220 * 1024;
+// Shared memory a kernel may use on one SM (every Hopper part), and the
+// shallowest ring worth running.
+constexpr int kSmemPerSm = 227 * 1024;
+constexpr int kMinStages = 3;
+constexpr int kMaxStages = 8;
 
 // ---------------------------------------------------------------------------
 // Shared-memory tile layout
@@ -80,22 +84,32 @@ struct TileLayout {
   }
 };
 
-// Stage count and merge scratch for one configuration, within the smem
-// budget every Hopper part offers.
+// Stage count, merge scratch and CTAs per SM for one configuration. Two
+// CTAs share an SM (eight consumer warps hide each other's latencies) when
+// each still gets a ring of kMinStages tiles; otherwise one CTA takes the
+// whole SM.
 template <int kHeadDim, int kKvBytes>
 struct SmemPlan {
   using Layout = TileLayout<kHeadDim, kKvBytes>;
-  // Token groups exchange O in chunks of at most 64 registers per lane.
+  // Token groups exchange O in chunks of at most 32 registers per lane.
   static constexpr int kOutRegs = kHeadDim / 2;
-  static constexpr int kMergeRegs = kOutRegs < 64 ? kOutRegs : 64;
+  static constexpr int kMergeRegs = kOutRegs < 32 ? kOutRegs : 32;
   static constexpr int kScratchBytes =
       (kConsumerWarps - 1) * (kMergeRegs + 4) * 32 * 4;
+  // Scratch, alignment slack for the ring, barriers and the per-CTA reserve.
+  static constexpr int kFixedBytes = kScratchBytes + 1024 + 1024;
+  static constexpr int kCtasPerSm =
+      (kSmemPerSm / 2 - kFixedBytes) / Layout::kStageBytes >= kMinStages ? 2
+                                                                         : 1;
   static constexpr int kStagesFit =
-      (kSmemBudget - kScratchBytes - 1024) / Layout::kStageBytes;
-  static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
-  static_assert(kStages >= 3, "pipeline must be at least 3 stages deep");
+      (kSmemPerSm / kCtasPerSm - kFixedBytes) / Layout::kStageBytes;
+  static constexpr int kStages =
+      kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
+  static_assert(kStages >= kMinStages, "pipeline must be >= 3 stages deep");
   static constexpr int kBytes =
       kStages * Layout::kStageBytes + kScratchBytes + 1024;
+  // Registers per thread that let kCtasPerSm CTAs share the register file.
+  static constexpr int kMaxRegisters = kCtasPerSm == 2 ? 200 : 255;
 };
 
 // ---------------------------------------------------------------------------
@@ -180,11 +194,48 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 constexpr uint64_t kEvictFirst =
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
 
+// Block ids of a work item, read 32 at a time by the producer warp's lanes
+// (one lane per block) with the next 32 already in flight, so that issuing a
+// tile never waits on a block-table load.
+class BlockIdWindow {
+ public:
+  __device__ BlockIdWindow(const int32_t* table, int first, int end, int lane)
+      : table_(table), end_(end), lane_(lane), base_(first) {
+    current_ = load(base_);
+    next_ = load(base_ + 32);
+  }
+
+  // Block id of block `index` of the sequence, held by lane `index - base`;
+  // every lane of the warp must call this with the same `first_index`.
+  __device__ int get(int first_index, int index) {
+    if (first_index >= base_ + 32) {
+      base_ += 32;
+      current_ = next_;
+      next_ = load(base_ + 32);
+    }
+    return __shfl_sync(0xffffffffu, current_, (index - base_) & 31);
+  }
+
+ private:
+  __device__ int load(int base) const {
+    return base + lane_ < end_ ? table_[base + lane_] : 0;
+  }
+
+  const int32_t* table_;
+  int end_;
+  int lane_;
+  int base_;
+  int current_;
+  int next_;
+};
+
 template <int kHeadDim, int kKvBytes, int kStages>
 __device__ void produce_tiles(const DecodeParams& p, const CUtensorMap* tmap_k,
                               const CUtensorMap* tmap_v, uint8_t* stages,
                               uint64_t* full, uint64_t* empty) {
   using Layout = TileLayout<kHeadDim, kKvBytes>;
+  // One TMA copy per (K or V, cache block, head-dim chunk): at most 32.
+  static_assert(2 * 4 * Layout::kChunks <= 32, "one copy per lane");
   const int lane = threadIdx.x % 32;
   const int bs = p.block_size;
   const int blocks_per_tile = kTileTokens / bs;
@@ -194,27 +245,29 @@ __device__ void produce_tiles(const DecodeParams& p, const CUtensorMap* tmap_k,
   while (cursor.next(item)) {
     const int b = item.unit % p.batch;
     const int h = item.unit / p.batch;
-    const int32_t* table = p.block_table + b * p.block_table_stride;
     const int seq_blocks = (item.kv_len + bs - 1) / bs;
+    BlockIdWindow ids(p.block_table + b * p.block_table_stride,
+                      item.tile_begin * blocks_per_tile,
+                      min(item.tile_end * blocks_per_tile, seq_blocks), lane);
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
-      const int stage = it % kStages;
-      EmptyBarrier::wait(&empty[stage], ((it / kStages) & 1) ^ 1);
       const int first_block = tile * blocks_per_tile;
       const int blocks = min(blocks_per_tile, seq_blocks - first_block);
+      const int copies = 2 * blocks * Layout::kChunks;
+      const int is_v = lane / (blocks * Layout::kChunks);
+      const int blk = (lane % (blocks * Layout::kChunks)) / Layout::kChunks;
+      const int chunk = lane % Layout::kChunks;
+      const int cache_block = ids.get(first_block, first_block + blk);
+
+      const int stage = it % kStages;
+      EmptyBarrier::wait(&empty[stage], ((it / kStages) & 1) ^ 1);
       if (lane == 0) {
         FullBarrier::arrive_and_expect_tx(
             &full[stage],
             2 * blocks * bs * Layout::kRowBytes * Layout::kChunks);
       }
       __syncwarp();
-      uint8_t* dst = stages + stage * Layout::kStageBytes;
-      const int copies = 2 * blocks * Layout::kChunks;
-      for (int i = lane; i < copies; i += 32) {
-        const int is_v = i / (blocks * Layout::kChunks);
-        const int rest = i % (blocks * Layout::kChunks);
-        const int blk = rest / Layout::kChunks;
-        const int chunk = rest % Layout::kChunks;
-        const int cache_block = table[first_block + blk];
+      if (lane < copies) {
+        uint8_t* dst = stages + stage * Layout::kStageBytes;
         cute::SM90_TMA_LOAD_4D::copy(
             is_v ? tmap_v : tmap_k, &full[stage], kEvictFirst,
             dst + is_v * Layout::kMatrixBytes + chunk * Layout::kChunkBytes +
@@ -685,10 +738,11 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
 // ---------------------------------------------------------------------------
 
 template <int kHeadDim, typename KvT, int kTokenGroups>
-__global__ void __launch_bounds__(kDecodeThreads, 1)
-    decode_kernel(const __grid_constant__ DecodeParams p,
-                  const __grid_constant__ CUtensorMap tmap_k,
-                  const __grid_constant__ CUtensorMap tmap_v) {
+__global__ void __launch_bounds__(kDecodeThreads)
+    __maxnreg__((SmemPlan<kHeadDim, sizeof(KvT)>::kMaxRegisters))
+        decode_kernel(const __grid_constant__ DecodeParams p,
+                      const __grid_constant__ CUtensorMap tmap_k,
+                      const __grid_constant__ CUtensorMap tmap_v) {
   using Smem = SmemPlan<kHeadDim, sizeof(KvT)>;
   constexpr int kStages = Smem::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];

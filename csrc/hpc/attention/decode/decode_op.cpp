@@ -114,4 +114,12 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                            at::cuda::getCurrentCUDAStream());
 }
 
+int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes) {
+  TORCH_CHECK(kv_elem_bytes == 1 || kv_elem_bytes == 2);
+  return decode::decode_ctas_per_sm(static_cast<int>(head_size),
+                                    kv_elem_bytes == 1
+                                        ? decode::ElemType::kFp8E4m3
+                                        : decode::ElemType::kBf16);
+}
+
 }  // namespace hpc
