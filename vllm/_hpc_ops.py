@@ -659,7 +659,7 @@ class DecodeWorkspace:
         device: torch.device | str,
         max_query_tokens: int = 1,
         kv_cache_dtype: torch.dtype = torch.bfloat16,
-        mode: SplitMode = SplitMode.BALANCED,
+        mode: SplitMode | None = None,
         min_split_len: int = 256,
         fixed_split_len: int = 0,
         window: int = 0,
@@ -669,6 +669,8 @@ class DecodeWorkspace:
 
         ``max_kv_tokens``: KV-cache capacity in tokens (blocks x block size);
         it bounds the pieces of the batch-invariant and static modes.
+        ``mode``: default BALANCED, or BATCH_INVARIANT when
+        ``fixed_split_len`` is given.
         ``kv_cache_dtype``: the cache's dtype, which sets how many decode
         CTAs share an SM. ``num_ctas``: persistent CTAs (default: the SM
         count times the CTAs per SM of this configuration).
@@ -947,6 +949,8 @@ def _validate_decode(
                 f"q_scale must be [tokens, num_q_heads] = {(tokens, num_q_heads)} "
                 f"with unit stride in dim 1, got {tuple(q_scale.shape)}"
             )
+        if q_scale.device != q.device:
+            raise ValueError(f"q_scale is on {q_scale.device}; expected {q.device}")
     elif q_scale is not None:
         raise ValueError("q_scale is only accepted with FP8 queries")
     for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
@@ -992,9 +996,13 @@ def decode_attention(
     ``[tokens, num_q_heads]``) for an FP8 cache. ``key_cache``/``value_cache``:
     strided ``[num_blocks, block_size, num_kv_heads, head_size]`` views.
     ``kv_lens``: int32 ``[batch]`` KV lengths including the query tokens,
-    which attend causally to each other. ``workspace.plan(kv_lens,
+    which attend causally to each other (a row that sees no key, e.g. a
+    length shorter than ``query_tokens``, gets zeros). ``workspace.plan(kv_lens,
     query_tokens)`` must have run for these lengths; its sliding window
-    applies. ``k_scale``/``v_scale``: per-tensor FP8 dequantisation scales.
+    applies, and a different ``query_tokens`` fails the launch. With an FP8
+    cache, bf16 queries are converted to fp16 inside the kernel (magnitudes
+    above 65504 overflow); fp16 and FP8 queries are used exactly.
+    ``k_scale``/``v_scale``: per-tensor FP8 dequantisation scales.
     ``softcap``: logits soft-cap (0: none). ``out`` (bf16/fp16, shape of
     ``q``) is written.
     """

@@ -768,6 +768,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   pdl_launch_dependents();
   // The plan, the queries and the cache are written by earlier kernels.
   pdl_wait_for_producer();
+  // The kernel's row layout comes from the launch; a plan made for another
+  // query count would be walked wrongly, so fail loudly instead.
+  if (p.plan[kQueryTokens] != p.query_tokens) __trap();
   if (blockIdx.x >= p.plan[kNumCtas]) return;
 
   if (warp == kConsumerWarps) {

@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Small split-KV decode runs (GPU planner, decode kernel, combine) for
+compute-sanitizer.
+
+Run from the repository root, for example::
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
+        --error-exitcode 1 python tests/kernels/sanitizer_decode.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 \\
+        python tests/kernels/sanitizer_decode.py
+    compute-sanitizer --tool synccheck --error-exitcode 1 \\
+        python tests/kernels/sanitizer_decode.py
+
+(Without the caching allocator every tensor is its own allocation, so
+memcheck sees out-of-bounds accesses that would otherwise land in pooled
+memory.) Unused cache blocks and the slots past each sequence hold NaN, and
+each case is checked against the float64 reference too; the script exits 1
+on a mismatch, or when no sm90 GPU or no ``_hpc_C`` library is present.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from decode_reference import (
+    FP8_DTYPE,
+    CacheLayout,
+    check_decode,
+    make_decode_inputs,
+)
+from rope_norm_reference import import_hpc_ops
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Small, but each exercises a different path. "inputs" go to
+# make_decode_inputs, "workspace" to DecodeWorkspace.create; "split" says
+# whether the plan must split some sequence (so the partial buffers and the
+# combine run).
+CASES: list[dict[str, object]] = [
+    # bf16, D=128, GQA 8, the smallest block; tile-edge lengths.
+    dict(
+        name="bf16-d128-gqa8-bs16",
+        inputs=dict(
+            lens=[1, 65, 300],
+            num_q_heads=16,
+            num_kv_heads=2,
+            head_size=128,
+            block_size=16,
+        ),
+        workspace=dict(),
+        split=False,
+    ),
+    # FP8 cache and FP8 queries into an fp16 output, in the HPC layout.
+    dict(
+        name="fp8-kv-fp8-q",
+        inputs=dict(
+            lens=[70, 129, 5],
+            num_q_heads=16,
+            num_kv_heads=2,
+            head_size=128,
+            block_size=32,
+            kv_dtype=FP8_DTYPE,
+            q_dtype=FP8_DTYPE,
+            out_dtype=torch.float16,
+            layout=CacheLayout.HPC,
+        ),
+        workspace=dict(),
+        split=False,
+    ),
+    # Four query tokens x GQA 4, fp16, stacked K/V tensor.
+    dict(
+        name="q4-gqa4-fp16",
+        inputs=dict(
+            lens=[4, 100, 257],
+            num_q_heads=8,
+            num_kv_heads=2,
+            head_size=128,
+            block_size=64,
+            kv_dtype=torch.float16,
+            query_tokens=4,
+            layout=CacheLayout.STACKED,
+        ),
+        workspace=dict(),
+        split=False,
+    ),
+    # Sliding window and soft-cap, D=64: the first tiles are skipped.
+    dict(
+        name="window-softcap-d64",
+        inputs=dict(
+            lens=[1, 150, 600],
+            num_q_heads=8,
+            num_kv_heads=2,
+            head_size=64,
+            block_size=16,
+            window=100,
+            softcap=30.0,
+            scale=0.5,
+            layout=CacheLayout.HPC,
+        ),
+        workspace=dict(),
+        split=False,
+    ),
+    # Three CTAs over 38 tiles: sequences split across CTAs, partials and
+    # the combine; an empty sequence gets zeros.
+    dict(
+        name="balanced-3-ctas",
+        inputs=dict(
+            lens=[700, 65, 0, 300, 1],
+            num_q_heads=8,
+            num_kv_heads=2,
+            head_size=128,
+            block_size=32,
+        ),
+        workspace=dict(num_ctas=3, min_split_len=64),
+        split=True,
+    ),
+    # The static schedule: ceil(1200 / 512) = 3 pieces, one CTA each.
+    dict(
+        name="static-d256",
+        inputs=dict(
+            lens=[1200, 40],
+            num_q_heads=8,
+            num_kv_heads=1,
+            head_size=256,
+            block_size=16,
+        ),
+        workspace=dict(mode="STATIC"),
+        split=True,
+    ),
+]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("sanitizer_decode: no CUDA GPU is available")
+        return 1
+    if torch.cuda.get_device_capability() != (9, 0):
+        name = torch.cuda.get_device_name()
+        print(f"sanitizer_decode: needs an sm90 GPU, not {name}")
+        return 1
+    hpc_ops = import_hpc_ops(REPO_ROOT)
+    if not hpc_ops.hpc_ops_available():
+        print("sanitizer_decode: the _hpc_C library is not built or not loadable")
+        return 1
+
+    failures = 0
+    for i, case in enumerate(CASES):
+        name = case["name"]
+        inputs = make_decode_inputs(**case["inputs"], seed=i, device="cuda")  # type: ignore[arg-type]
+        ws_kwargs = dict(case["workspace"])  # type: ignore[call-overload]
+        if "mode" in ws_kwargs:
+            ws_kwargs["mode"] = hpc_ops.SplitMode[ws_kwargs["mode"]]
+        ws = hpc_ops.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
+        ws.plan(inputs.kv_lens, inputs.query_tokens)
+        hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
+        torch.cuda.synchronize()
+        plan = ws.read_plan()
+        try:
+            stats = check_decode(
+                inputs.out,
+                inputs.reference(),
+                inputs.lens,
+                inputs.query_tokens,
+                fp8=inputs.fp8,
+                what=str(name),
+            )
+            if case["split"]:
+                assert plan.num_partials > 0, f"{name}: the plan split nothing"
+        except AssertionError as err:
+            failures += 1
+            print(f"FAIL {name}: {err}")
+        else:
+            print(
+                f"ok   {name}: {stats} (CTAs {plan.num_ctas}, "
+                f"partial rows {plan.num_partials})"
+            )
+    if failures:
+        print(f"sanitizer_decode: {failures} of {len(CASES)} cases failed")
+        return 1
+    print(f"sanitizer_decode: all {len(CASES)} cases passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
