@@ -42,13 +42,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import fnmatch
-import json
 import math
-import os
-import statistics
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -56,9 +51,18 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from bench_utils import (
+    L2Scrub,
+    capture_graphs,
+    import_hpc_ops,
+    measure_copy_bandwidth_gbps,
+    print_table,
+    significant,
+    time_graphs,
+    unavailable_reason,
+    write_results,
+)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 RESULT_NAME = Path(__file__).stem + ".json"
 
 WORKLOAD = "W4"
@@ -84,127 +88,6 @@ MIN_ITERS = 50
 
 HPC = "hpc"
 BASELINES = ("torch-unfused", "torch-compile", "vllm", "vllm-fused")
-
-
-# ---------------------------------------------------------------------------
-# Environment
-# ---------------------------------------------------------------------------
-
-
-def import_hpc_ops() -> ModuleType:
-    """``vllm._hpc_ops`` from a patched vLLM, or from this tree with no vLLM.
-
-    The tree's ``vllm`` has no ``__init__.py``, so its root goes at the end of
-    ``sys.path``: an installed vLLM keeps the name and must carry the patch
-    set (``tools/apply_patchset.py``).
-    """
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.append(str(REPO_ROOT))
-    import vllm._hpc_ops as hpc_ops
-
-    return hpc_ops
-
-
-def unavailable_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is available"
-    major, minor = torch.cuda.get_device_capability()
-    if (major, minor) != (9, 0):
-        return (
-            f"needs a Hopper (sm90) GPU, found {torch.cuda.get_device_name()} "
-            f"(sm{major}{minor})"
-        )
-    try:
-        hpc_ops = import_hpc_ops()
-    except Exception as err:  # noqa: BLE001 - reported, not handled
-        return f"cannot import vllm._hpc_ops: {err}"
-    if not hpc_ops.hpc_ops_available():
-        return "the _hpc_C library is not built or could not be loaded"
-    return None
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=REPO_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HPC_COMMIT", "unknown")
-
-
-# ---------------------------------------------------------------------------
-# Timing
-# ---------------------------------------------------------------------------
-
-
-def _sleep_ahead() -> None:
-    """Keep the GPU busy while the host queues a batch of timed replays, so
-    host launch latency does not land between the events."""
-    torch.cuda._sleep(20_000_000)
-
-
-def measure_copy_bandwidth_gbps(num_bytes: int = 2 * 2**30, iters: int = 20) -> float:
-    """Device-to-device copy: (bytes read + bytes written) / median time."""
-    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(iters)
-    ]
-    _sleep_ahead()
-    for start, end in events:
-        start.record()
-        dst.copy_(src)
-        end.record()
-    torch.cuda.synchronize()
-    ms = statistics.median(s.elapsed_time(e) for s, e in events)
-    return 2 * num_bytes / (ms * 1e-3) / 1e9
-
-
-class L2Scrub:
-    """Reads a buffer of four times the L2 size to evict earlier data."""
-
-    def __init__(self) -> None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        self.l2_bytes = int(getattr(props, "L2_cache_size", 0)) or 60 * 2**20
-        self.buf = torch.ones(4 * self.l2_bytes // 4096, 1024, device="cuda")
-        self.out = torch.empty(1024, device="cuda")
-
-    def __call__(self) -> None:
-        torch.sum(self.buf, dim=0, out=self.out)
-
-
-def time_graphs(
-    graphs: list[torch.cuda.CUDAGraph],
-    iters: int,
-    warmup: int,
-    scrub: L2Scrub | None,
-) -> float:
-    """Median microseconds of one replay, replaying ``graphs`` round-robin."""
-    for i in range(warmup):
-        graphs[i % len(graphs)].replay()
-    torch.cuda.synchronize()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(iters)
-    ]
-    _sleep_ahead()
-    for i, (start, end) in enumerate(events):
-        if scrub is not None:
-            scrub()
-        start.record()
-        graphs[i % len(graphs)].replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events) * 1e3
 
 
 # ---------------------------------------------------------------------------
@@ -693,25 +576,6 @@ def check_impl(case: Case, shared: Shared, s: InputSet, impl: Impl) -> str | Non
 # ---------------------------------------------------------------------------
 
 
-def capture_graphs(
-    impl: Impl, sets: list[InputSet], pool: tuple[int, int]
-) -> list[torch.cuda.CUDAGraph]:
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for s in sets:
-            impl(s)
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graphs = []
-    for s in sets:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            impl(s)
-        graphs.append(graph)
-    return graphs
-
-
 @dataclasses.dataclass
 class Options:
     iters: int
@@ -789,16 +653,12 @@ def bench_case(
                 "case": case.name,
                 "impl": name,
                 "us": round(us, 2),
-                "floor_us": _significant(floor_us, 4),
-                "fraction_of_floor": _significant(floor_us / us, 3),
+                "floor_us": significant(floor_us, 4),
+                "fraction_of_floor": significant(floor_us / us, 3),
                 "ratios": ratios,
             }
         )
     return records
-
-
-def _significant(x: float, digits: int) -> float:
-    return float(f"{x:.{digits}g}")
 
 
 def all_cases(quick: bool) -> list[Case]:
@@ -810,18 +670,6 @@ def all_cases(quick: bool) -> list[Case]:
         for mode in MODES
         for t in tokens
     ]
-
-
-def print_table(records: list[dict[str, Any]]) -> None:
-    header = f"{'case':<28} {'impl':<14} {'us':>9} {'floor_us':>9} {'frac':>6}  ratios"
-    print(header)
-    print("-" * len(header))
-    for r in records:
-        ratios = " ".join(f"{k}={v:.2f}" for k, v in r["ratios"].items())
-        print(
-            f"{r['case']!s:<28} {r['impl']!s:<14} {r['us']:>9.2f} "
-            f"{r['floor_us']:>9.3g} {r['fraction_of_floor']:>6.3g}  {ratios}"
-        )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -871,7 +719,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmark_rope_norm: no case matches {args.cases!r}")
         return 1
 
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
     bandwidth = measure_copy_bandwidth_gbps()
     print(f"copy bandwidth {bandwidth:.0f} GB/s, {len(cases)} cases")
     shared = make_shared()
@@ -885,22 +732,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case.name}: hpc {hpc['us']} us, {hpc['fraction_of_floor']} of floor")
         torch.cuda.empty_cache()
 
-    result = {
-        "gpu": torch.cuda.get_device_name(),
-        "sm_count": props.multi_processor_count,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "commit": git_commit(),
-        "date": datetime.date.today().isoformat(),
-        "copy_bandwidth_gbps": round(bandwidth, 1),
-        "records": records,
-    }
-    text = json.dumps(result, indent=1) + "\n"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    (RESULTS_DIR / RESULT_NAME).write_text(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / RESULT_NAME).write_text(text)
+    write_results(RESULT_NAME, records, bandwidth, args.out)
     print()
     print_table(records)
     return 0

@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Helpers shared by the kernel benchmarks in this directory.
+
+Environment checks, the device-to-device copy bandwidth that every floor is
+measured against, CUDA-graph capture and event timing of round-robin input
+sets, an L2 scrub for rotations smaller than four times the L2 cache, and
+writing the results file that ``benchmarks/render_results.py`` reads (see
+the measurement protocol in the design notes).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TypeVar
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------------
+# Environment
+# ---------------------------------------------------------------------------
+
+
+def import_hpc_ops() -> ModuleType:
+    """``vllm._hpc_ops`` from a patched vLLM, or from this tree with no vLLM.
+
+    The tree's ``vllm`` has no ``__init__.py``, so its root goes at the end of
+    ``sys.path``: an installed vLLM keeps the name and must carry the patch
+    set (``tools/apply_patchset.py``).
+    """
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.append(str(REPO_ROOT))
+    import vllm._hpc_ops as hpc_ops
+
+    return hpc_ops
+
+
+def unavailable_reason() -> str | None:
+    """Why the HPC kernels cannot be benchmarked here, or None."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is available"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) != (9, 0):
+        return (
+            f"needs a Hopper (sm90) GPU, found {torch.cuda.get_device_name()} "
+            f"(sm{major}{minor})"
+        )
+    try:
+        hpc_ops = import_hpc_ops()
+    except Exception as err:  # noqa: BLE001 - reported, not handled
+        return f"cannot import vllm._hpc_ops: {err}"
+    if not hpc_ops.hpc_ops_available():
+        return "the _hpc_C library is not built or could not be loaded"
+    return None
+
+
+def git_commit() -> str:
+    """The commit measured: ``HPC_COMMIT`` when set (a copied tree has no
+    git metadata, and a caller may measure a tree it has not committed),
+    else the checkout's HEAD."""
+    env = os.environ.get("HPC_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------
+
+
+def sleep_ahead() -> None:
+    """Keep the GPU busy while the host queues a batch of timed replays, so
+    host launch latency does not land between the events."""
+    torch.cuda._sleep(20_000_000)
+
+
+def median_ms(events: Sequence[tuple[torch.cuda.Event, torch.cuda.Event]]) -> float:
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def new_events(n: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
+    return [
+        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+        for _ in range(n)
+    ]
+
+
+def measure_copy_bandwidth_gbps(num_bytes: int = 2 * 2**30, iters: int = 20) -> float:
+    """Device-to-device copy: (bytes read + bytes written) / median time."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    events = new_events(iters)
+    sleep_ahead()
+    for start, end in events:
+        start.record()
+        dst.copy_(src)
+        end.record()
+    torch.cuda.synchronize()
+    return 2 * num_bytes / (median_ms(events) * 1e-3) / 1e9
+
+
+class L2Scrub:
+    """Reads a buffer of four times the L2 size to evict earlier data."""
+
+    def __init__(self) -> None:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.l2_bytes = int(getattr(props, "L2_cache_size", 0)) or 60 * 2**20
+        self.buf = torch.ones(4 * self.l2_bytes // 4096, 1024, device="cuda")
+        self.out = torch.empty(1024, device="cuda")
+
+    def __call__(self) -> None:
+        torch.sum(self.buf, dim=0, out=self.out)
+
+
+def capture_graphs(
+    impl: Callable[[T], object], sets: Sequence[T], pool: tuple[int, int]
+) -> list[torch.cuda.CUDAGraph]:
+    """One CUDA graph of ``impl`` per input set, after a warm-up run of every
+    set on a side stream (compilation and lazy initialisation happen there,
+    not under capture)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for s in sets:
+            impl(s)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graphs = []
+    for s in sets:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            impl(s)
+        graphs.append(graph)
+    return graphs
+
+
+def time_graphs(
+    graphs: Sequence[torch.cuda.CUDAGraph],
+    iters: int,
+    warmup: int,
+    scrub: L2Scrub | None,
+) -> float:
+    """Median microseconds of one replay, replaying ``graphs`` round-robin,
+    each replay timed on its own by a pair of CUDA events."""
+    for i in range(warmup):
+        graphs[i % len(graphs)].replay()
+    torch.cuda.synchronize()
+    events = new_events(iters)
+    sleep_ahead()
+    for i, (start, end) in enumerate(events):
+        if scrub is not None:
+            scrub()
+        start.record()
+        graphs[i % len(graphs)].replay()
+        end.record()
+    torch.cuda.synchronize()
+    return median_ms(events) * 1e3
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+def significant(x: float, digits: int) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def write_results(
+    result_name: str,
+    records: list[dict[str, Any]],
+    bandwidth_gbps: float,
+    out_dir: Path | None = None,
+) -> dict[str, Any]:
+    """Writes ``benchmarks/results/<result_name>`` (and the same file under
+    ``out_dir`` when given) in the shape the design notes fix."""
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    result = {
+        "gpu": torch.cuda.get_device_name(),
+        "sm_count": props.multi_processor_count,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
+        "date": datetime.date.today().isoformat(),
+        "copy_bandwidth_gbps": round(bandwidth_gbps, 1),
+        "records": records,
+    }
+    text = json.dumps(result, indent=1) + "\n"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    (RESULTS_DIR / result_name).write_text(text)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / result_name).write_text(text)
+    return result
+
+
+def print_table(records: list[dict[str, Any]], impl: str | None = None) -> None:
+    """Records as a text table; only those of ``impl`` when given."""
+    header = (
+        f"{'workload':<8} {'case':<26} {'impl':<14} {'us':>9} {'floor_us':>9} "
+        f"{'frac':>6}  ratios"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in records:
+        if impl is not None and r["impl"] != impl:
+            continue
+        if r.get("us") is None:
+            print(
+                f"{r['workload']!s:<8} {r['case']!s:<26} {r['impl']!s:<14} "
+                f"{'-':>9} {'-':>9} {'-':>6}  {r.get('error', 'not run')}"
+            )
+            continue
+        ratios = " ".join(f"{k}={v:.2f}" for k, v in r.get("ratios", {}).items())
+        floor = r.get("floor_us")
+        frac = r.get("fraction_of_floor")
+        print(
+            f"{r['workload']!s:<8} {r['case']!s:<26} {r['impl']!s:<14} "
+            f"{r['us']:>9.2f} {_fmt(floor, '9.3g')} {_fmt(frac, '6.3g')}  {ratios}"
+        )
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    width = spec.split(".")[0]
+    return f"{'-':>{width}}" if value is None else f"{value:>{spec}}"

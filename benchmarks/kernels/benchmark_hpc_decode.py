@@ -1,0 +1,1085 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Benchmark of split-KV paged decode attention (W1, W2) and its planner.
+
+Workloads (head size 128, block size 64; ``tp1`` = 64 q / 8 kv heads, ``tp8``
+= 8 q / 1 kv head; KV cache bf16, or fp8_e4m3 with per-tensor K/V scales
+and bf16 queries; the HPC_ATTN cache layout: one ``(num_blocks, Hkv, 64,
+2 * D)`` tensor whose K and V are permuted slices):
+
+* W1 mixed decode: one query token per sequence, context lengths
+  [131072] + [4096] * 31. Cases ``<tp>-<bf16|fp8>``.
+* W2 uniform decode: batch {1, 8, 32, 64, 128, 256} x context {1024, 4096,
+  32768} x query tokens {1, 2, 4}. Cases
+  ``<tp>-<bf16|fp8>-b<batch>x<context>-q<tokens>``; every case in bf16, a
+  subset in fp8 (all with ``--fp8-all``). The context counts the query
+  tokens, which attend causally to each other.
+* PLAN: the GPU planner ``DecodeWorkspace.plan``, run once per step for all
+  layers, timed on its own. Cases ``b<batch>`` (``b32``: W1's lengths, else
+  uniform 4096-token contexts), ``tp1`` KV heads; ``static`` times the
+  static mode's planner. Floor: the lengths read and the plan written.
+
+Protocol: what a user pays per layer, ``decode_attention`` (decode kernel +
+combine), runs as CUDA-graph replays timed one by one with CUDA events;
+warm-up, then the median of at least 50. The plan is computed once before
+capture, as the backend does once per step. Every input set (its own KV
+cache tensor, queries and output) gets its own graph and the sets are
+replayed round-robin: at least 4 sets and, up to 64, enough for 240 MB of
+KV. Cases whose sets would exceed ``--max-kv-gb`` use fewer sets (recorded
+as ``num_sets``; one set of such a case is many times the L2 cache), and a
+case whose single set does not fit is skipped. When the KV bytes the
+rotation touches are under four times the L2 cache, L2 is scrubbed before
+each timed replay, outside the timed region. The floor: all K and V bytes
+of the batch read once (sum of lengths x Hkv x D x 2 x element size) at the
+device-to-device copy bandwidth measured in the same run.
+
+Implementations, timed the same way on the same inputs:
+
+* ``hpc``: ``SplitMode.BALANCED`` (the backend's default);
+* ``static``: the same kernels with ``SplitMode.STATIC`` (classic split-KV);
+* ``flex_attention``: ``torch.compile(flex_attention)`` (static shapes, so
+  one compilation per case) over a paged BlockMask. The cache is used in
+  place: its rows of 2 * D read as one ``[1, 1, pages * 64, D]`` K (and V)
+  with the KV heads folded into the batch, so each (sequence, KV head) row
+  reads only its own pages through the block table, and a ``mask_mod`` maps
+  physical to logical positions for the length and causal limits. (torch's
+  experimental ``PagedAttention`` helper wants a ``[1, Hkv, pages * 64, D]``
+  cache, which cannot view this layout when Hkv > 1, and dense per-batch
+  page tables; its mechanism is used directly.) The query regrouping (a
+  copy when q > 1) and the FP8 V scale are timed with it;
+* ``triton_unified`` (vLLM's ``unified_attention``) and ``flashinfer``, only
+  where they import.
+
+Before timing, every implementation's output is compared with a float32
+reference on a few sequences (``ref_rel_err``), and the ``hpc`` output with
+every other output over the whole batch (``max_abs_diff``): a baseline that
+fails is recorded with its error and not timed; a failing ``hpc`` result is
+recorded without a time and makes the run exit 1. Results go to
+``benchmarks/results/benchmark_hpc_decode.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import inspect
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from bench_utils import (
+    L2Scrub,
+    capture_graphs,
+    import_hpc_ops,
+    measure_copy_bandwidth_gbps,
+    print_table,
+    significant,
+    time_graphs,
+    unavailable_reason,
+    write_results,
+)
+
+RESULT_NAME = Path(__file__).stem + ".json"
+
+HEAD_CONFIGS = {"tp1": (64, 8), "tp8": (8, 1)}
+HEAD_SIZE = 128
+BLOCK_SIZE = 64
+SCALE = HEAD_SIZE**-0.5
+FP8 = torch.float8_e4m3fn
+K_SCALE = 0.5
+V_SCALE = 0.75
+
+W1_LENGTHS = (131072,) + (4096,) * 31
+W2_BATCHES = (1, 8, 32, 64, 128, 256)
+W2_CONTEXTS = (1024, 4096, 32768)
+W2_QUERY_TOKENS = (1, 2, 4)
+# fp8 cases of the default W2 run (all of them with --fp8-all).
+W2_FP8_BATCHES = (1, 32, 128)
+W2_FP8_QUERY_TOKENS = (1, 4)
+QUICK_W2 = ("tp1-bf16-b64x4096-q1", "tp8-bf16-b1x1024-q1")
+PLAN_BATCHES = (1, 8, 32, 64, 128, 256)
+QUICK_PLAN_BATCHES = (32, 256)
+PLAN_CONTEXT = 4096
+WORKLOADS = ("W1", "W2", "PLAN")
+
+ROTATION_BYTES = 240 * 10**6
+MIN_SETS = 4
+MAX_SETS = 64
+# Memory for one case's rotated input sets: this share of the device's
+# memory, at most MAX_KV_GB.
+KV_MEMORY_SHARE = 0.6
+MAX_KV_GB = 90.0
+MIN_ITERS = 50
+# Sequences the float32 reference checks: the first, the last and the
+# longest.
+REF_SEQS = 3
+# ||out - ref|| / ||ref|| allowed before an output counts as wrong (loose:
+# this guards the timings, the tests hold the accuracy bars).
+REL_TOL = {False: 2e-2, True: 5e-2}
+
+HPC = "hpc"
+STATIC = "static"
+FLEX = "flex_attention"
+TRITON = "triton_unified"
+FLASHINFER = "flashinfer"
+BASELINES = (STATIC, FLEX, TRITON, FLASHINFER)
+FLEX_VARIANT = (
+    "paged BlockMask over the cache blocks (block table), KV heads folded "
+    "into the batch, cache used in place, flex decoding kernel"
+)
+
+
+# ---------------------------------------------------------------------------
+# Cases and inputs
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    workload: str
+    tp: str
+    fp8: bool
+    lengths: tuple[int, ...]
+    query_tokens: int
+
+    @property
+    def name(self) -> str:
+        cache = "fp8" if self.fp8 else "bf16"
+        if self.workload == "W1":
+            return f"{self.tp}-{cache}"
+        return f"{self.tp}-{cache}-b{self.batch}x{self.lengths[0]}-q{self.query_tokens}"
+
+    @property
+    def heads(self) -> tuple[int, int]:
+        return HEAD_CONFIGS[self.tp]
+
+    @property
+    def batch(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        return FP8 if self.fp8 else torch.bfloat16
+
+    @property
+    def elem_bytes(self) -> int:
+        return 1 if self.fp8 else 2
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(math.ceil(n / BLOCK_SIZE) for n in self.lengths)
+
+    def kv_bytes(self) -> int:
+        _, hkv = self.heads
+        return self.num_blocks * hkv * BLOCK_SIZE * 2 * HEAD_SIZE * self.elem_bytes
+
+    def set_bytes(self) -> int:
+        """One input set: the KV cache, the queries and the output."""
+        hq, _ = self.heads
+        q_out = 2 * self.batch * self.query_tokens * hq * HEAD_SIZE * 2
+        return self.kv_bytes() + q_out
+
+    def floor_bytes(self) -> int:
+        """Every K and V element of the batch read once."""
+        _, hkv = self.heads
+        return sum(self.lengths) * hkv * HEAD_SIZE * 2 * self.elem_bytes
+
+
+def w1_cases() -> list[Case]:
+    return [
+        Case("W1", tp, fp8, W1_LENGTHS, 1)
+        for tp in HEAD_CONFIGS
+        for fp8 in (False, True)
+    ]
+
+
+def w2_cases(fp8_all: bool) -> list[Case]:
+    cases = []
+    for tp in HEAD_CONFIGS:
+        for fp8 in (False, True):
+            for batch in W2_BATCHES:
+                for context in W2_CONTEXTS:
+                    for q in W2_QUERY_TOKENS:
+                        default_fp8 = (
+                            batch in W2_FP8_BATCHES and q in W2_FP8_QUERY_TOKENS
+                        )
+                        if fp8 and not (fp8_all or default_fp8):
+                            continue
+                        cases.append(Case("W2", tp, fp8, (context,) * batch, q))
+    return cases
+
+
+@dataclasses.dataclass
+class Layout:
+    """What every input set of a case shares: lengths, block table, scales."""
+
+    kv_lens: torch.Tensor  # int32 [batch], cuda
+    block_table: torch.Tensor  # int32 [batch, max_blocks], cuda
+    block_table_cpu: torch.Tensor
+    k_scale: torch.Tensor | None  # float32 [1], fp8 only
+    v_scale: torch.Tensor | None
+
+
+def make_layout(case: Case, seed: int = 0) -> Layout:
+    """Each sequence gets its own blocks, shuffled over the cache."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [math.ceil(n / BLOCK_SIZE) for n in case.lengths]
+    perm = torch.randperm(case.num_blocks, generator=gen, dtype=torch.int32)
+    table = torch.zeros(case.batch, max(blocks), dtype=torch.int32)
+    first = 0
+    for b, nb in enumerate(blocks):
+        table[b, :nb] = perm[first : first + nb]
+        first += nb
+    scales: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+    if case.fp8:
+        scales = (
+            torch.tensor([K_SCALE], device="cuda"),
+            torch.tensor([V_SCALE], device="cuda"),
+        )
+    return Layout(
+        kv_lens=torch.tensor(case.lengths, dtype=torch.int32, device="cuda"),
+        block_table=table.cuda(),
+        block_table_cpu=table,
+        k_scale=scales[0],
+        v_scale=scales[1],
+    )
+
+
+@dataclasses.dataclass
+class InputSet:
+    kv: torch.Tensor  # (num_blocks, Hkv, block_size, 2 * D)
+    key_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D] views
+    value_cache: torch.Tensor
+    q: torch.Tensor  # [batch * query_tokens, Hq, D] bf16
+    out: torch.Tensor
+
+
+def _fill_normal_(t: torch.Tensor, gen: torch.Generator) -> None:
+    if t.dtype != FP8:
+        t.normal_(generator=gen)
+        return
+    # No normal_ for float8: draw bf16 in chunks of about 256 MB and cast.
+    rows = max(1, 2**27 // max(1, t[0].numel()))
+    for i in range(0, t.shape[0], rows):
+        part = t[i : i + rows]
+        part.copy_(
+            torch.randn(
+                part.shape, generator=gen, device=t.device, dtype=torch.bfloat16
+            )
+        )
+
+
+def make_input_set(case: Case, seed: int) -> InputSet:
+    hq, hkv = case.heads
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    kv = torch.empty(
+        case.num_blocks,
+        hkv,
+        BLOCK_SIZE,
+        2 * HEAD_SIZE,
+        dtype=case.kv_dtype,
+        device="cuda",
+    )
+    _fill_normal_(kv, gen)
+    tokens = case.batch * case.query_tokens
+    q = torch.randn(
+        tokens, hq, HEAD_SIZE, generator=gen, device="cuda", dtype=torch.bfloat16
+    )
+    return InputSet(
+        kv=kv,
+        key_cache=kv[..., :HEAD_SIZE].permute(0, 2, 1, 3),
+        value_cache=kv[..., HEAD_SIZE:].permute(0, 2, 1, 3),
+        q=q,
+        out=torch.empty_like(q),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Implementations: each runs one input set and returns its output
+# ---------------------------------------------------------------------------
+
+Impl = Callable[[InputSet], torch.Tensor]
+
+
+def create_workspace(hpc_ops: ModuleType, **kwargs: Any) -> Any:
+    """``DecodeWorkspace.create``, leaving out arguments this build lacks."""
+    params = inspect.signature(hpc_ops.DecodeWorkspace.create).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in params}
+    return hpc_ops.DecodeWorkspace.create(**kwargs)
+
+
+def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, mode: Any) -> Impl:
+    hq, hkv = case.heads
+    q_tokens = case.query_tokens
+    ws = create_workspace(
+        hpc_ops,
+        max_batch=case.batch,
+        num_q_heads=hq,
+        num_kv_heads=hkv,
+        head_size=HEAD_SIZE,
+        max_kv_tokens=case.num_blocks * BLOCK_SIZE,
+        device="cuda",
+        max_query_tokens=q_tokens,
+        kv_cache_dtype=case.kv_dtype,
+        mode=mode,
+    )
+    # Once per step for all layers: outside the timed region.
+    ws.plan(layout.kv_lens, q_tokens)
+
+    def run(s: InputSet) -> torch.Tensor:
+        hpc_ops.decode_attention(
+            s.q,
+            s.key_cache,
+            s.value_cache,
+            layout.block_table,
+            layout.kv_lens,
+            s.out,
+            ws,
+            scale=SCALE,
+            query_tokens=q_tokens,
+            k_scale=layout.k_scale,
+            v_scale=layout.v_scale,
+        )
+        return s.out
+
+    return run
+
+
+_FLEX_FN: Callable[..., torch.Tensor] | None = None
+
+
+def _compiled_flex() -> Callable[..., torch.Tensor]:
+    """``torch.compile(flex_attention)``, once, with static shapes (the flex
+    decoding kernel needs a static batch); each case is one recompilation,
+    so the recompile limit is raised."""
+    global _FLEX_FN
+    if _FLEX_FN is not None:
+        return _FLEX_FN
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    config = torch._dynamo.config
+    for names in (
+        ("recompile_limit", "cache_size_limit"),
+        ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+    ):
+        for name in names:
+            if hasattr(config, name):
+                setattr(config, name, 4096)
+                break
+    _FLEX_FN = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    return _FLEX_FN
+
+
+class FlexPaged:
+    """FlexAttention over the paged cache, in place.
+
+    The cache tensor ``(num_blocks, Hkv, 64, 2 * D)`` read as rows of 2 * D
+    is a ``[1, 1, num_blocks * Hkv * 64, D]`` K (and V, offset by D) view in
+    which block ``p`` of KV head ``h`` is page ``p * Hkv + h``. Queries are
+    regrouped as batch ``b * Hkv + h`` with the GQA group as heads, so each
+    row's BlockMask lists exactly its sequence's pages for its KV head
+    (every block partial, as vLLM's FlexAttention backend builds them, which
+    lets the decoding kernel split each row's own blocks over its CTAs), and
+    ``mask_mod`` maps a physical position to its sequence and logical
+    position for the length and causal limits.
+    """
+
+    def __init__(self, case: Case, layout: Layout, device: str = "cuda") -> None:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        hq, hkv = case.heads
+        self.batch, self.kv_heads = case.batch, hkv
+        self.group, self.q_tokens = hq // hkv, case.query_tokens
+        num_pages = case.num_blocks * hkv
+        self.tokens = num_pages * BLOCK_SIZE
+
+        table = layout.block_table_cpu.long()
+        lengths = torch.tensor(case.lengths)
+        blocks = (lengths + BLOCK_SIZE - 1) // BLOCK_SIZE
+        heads = torch.arange(hkv)
+        pages = table[:, None, :] * hkv + heads[None, :, None]  # [B, Hkv, max]
+        rows = self.batch * hkv
+        kv_indices = pages.reshape(rows, 1, 1, -1).to(torch.int32)
+        kv_num_blocks = blocks.repeat_interleave(hkv).view(rows, 1, 1)
+        live = torch.arange(table.shape[1])[None, None, :] < blocks[:, None, None]
+        live = live.expand_as(pages)
+        owner = torch.full((num_pages,), -1, dtype=torch.int32)
+        logical = torch.zeros(num_pages, dtype=torch.int32)
+        row_ids = torch.arange(rows).view(self.batch, hkv, 1).expand_as(pages)
+        block_ids = torch.arange(table.shape[1]).view(1, 1, -1).expand_as(pages)
+        owner[pages[live]] = row_ids[live].to(torch.int32)
+        logical[pages[live]] = block_ids[live].to(torch.int32)
+        page_owner, page_logical = owner.to(device), logical.to(device)
+        # Query t of a row sees logical positions <= len - q_tokens + t.
+        limit = (lengths - self.q_tokens).repeat_interleave(hkv).to(torch.int32)
+        limit = limit.to(device)
+
+        def mask_mod(
+            b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+        ) -> torch.Tensor:
+            page = kv_idx // BLOCK_SIZE
+            pos = page_logical[page] * BLOCK_SIZE + kv_idx % BLOCK_SIZE
+            return (page_owner[page] == b) & (pos <= limit[b] + q_idx)
+
+        kwargs: dict[str, Any] = {
+            "BLOCK_SIZE": (128, BLOCK_SIZE),
+            "mask_mod": mask_mod,
+            "seq_lengths": (self.q_tokens, self.tokens),
+        }
+        if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters:
+            # Without it the transposed (backward) indices are built densely
+            # over every page of the cache.
+            kwargs["compute_q_blocks"] = False
+        self.block_mask = BlockMask.from_kv_blocks(
+            kv_num_blocks.to(torch.int32).to(device), kv_indices.to(device), **kwargs
+        )
+        self.scale = SCALE * (K_SCALE if case.fp8 else 1.0)
+        self.out_scale = V_SCALE if case.fp8 else 1.0
+
+    def kv_views(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = kv.view(1, 1, self.tokens, 2 * HEAD_SIZE)
+        return flat[..., :HEAD_SIZE], flat[..., HEAD_SIZE:]
+
+    def __call__(
+        self,
+        fn: Callable[..., torch.Tensor],
+        q: torch.Tensor,
+        kv: torch.Tensor,
+        out: torch.Tensor,
+    ) -> torch.Tensor:
+        """Attention of ``q`` ([batch * q_tokens, Hq, D]) over the cache
+        ``kv``; the result lands in ``out`` unless it is a view of flex's
+        own output (one query token, no V scale)."""
+        b, hkv, g, t = self.batch, self.kv_heads, self.group, self.q_tokens
+        d = q.shape[-1]
+        # Rows b * Hkv + h, heads = the GQA group (a copy only when t > 1).
+        qf = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b * hkv, g, t, d)
+        k, v = self.kv_views(kv)
+        o = fn(qf, k, v, block_mask=self.block_mask, scale=self.scale, enable_gqa=True)
+        o = o.reshape(b, hkv, g, t, d).permute(0, 3, 1, 2, 4)  # [b, t, Hkv, g, D]
+        if t == 1 and self.out_scale == 1.0:
+            return o.reshape(b * t, hkv * g, d)
+        torch.mul(o, self.out_scale, out=out.view(b, t, hkv, g, d))
+        return out
+
+
+def make_flex(case: Case, layout: Layout) -> Impl:
+    paged = FlexPaged(case, layout)
+    fn = _compiled_flex()
+
+    def run(s: InputSet) -> torch.Tensor:
+        return paged(fn, s.q, s.kv, s.out)
+
+    return run
+
+
+def triton_unavailable() -> str | None:
+    try:
+        from vllm.v1.attention.ops.triton_unified_attention import (  # noqa: F401
+            unified_attention,
+        )
+    except Exception as err:  # noqa: BLE001 - vLLM absent or broken
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def make_triton(case: Case, layout: Layout) -> Impl:
+    """vLLM's Triton backend call (triton_attn.py), with its split-KV (3D)
+    scratch sized as the backend sizes it."""
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+    from vllm.v1.kv_cache_interface import KVQuantMode
+
+    hq, hkv = case.heads
+    batch, q_tokens = case.batch, case.query_tokens
+    segments = 16
+    threshold = max(1, 128 // hkv)
+    scratch_rows = min(threshold, batch) * q_tokens
+    f32 = {"dtype": torch.float32, "device": "cuda"}
+    segm_out = torch.empty(scratch_rows, hq, segments, HEAD_SIZE, **f32)
+    segm_max = torch.empty(scratch_rows, hq, segments, **f32)
+    segm_expsum = torch.empty(scratch_rows, hq, segments, **f32)
+    cu_seqlens_q = torch.arange(
+        0, (batch + 1) * q_tokens, q_tokens, dtype=torch.int32, device="cuda"
+    )
+    one = torch.ones(1, **f32)
+    k_scale = layout.k_scale if layout.k_scale is not None else one
+    v_scale = layout.v_scale if layout.v_scale is not None else one
+    k_descale = k_scale.expand(batch, hkv)
+    v_descale = v_scale.expand(batch, hkv)
+    quant = KVQuantMode.FP8_PER_TENSOR if case.fp8 else KVQuantMode.NONE
+    max_len = max(case.lengths)
+
+    def run(s: InputSet) -> torch.Tensor:
+        unified_attention(
+            q=s.q,
+            k=s.key_cache,
+            v=s.value_cache,
+            out=s.out,
+            cu_seqlens_q=cu_seqlens_q,
+            max_seqlen_q=q_tokens,
+            seqused_k=layout.kv_lens,
+            max_seqlen_k=max_len,
+            softmax_scale=SCALE,
+            causal=True,
+            window_size=(-1, -1),
+            block_table=layout.block_table,
+            softcap=0,
+            q_descale=None,
+            k_descale=k_descale,
+            v_descale=v_descale,
+            seq_threshold_3D=threshold,
+            num_par_softmax_segments=segments,
+            softmax_segm_output=segm_out,
+            softmax_segm_max=segm_max,
+            softmax_segm_expsum=segm_expsum,
+            kv_quant_mode=quant,
+        )
+        return s.out
+
+    return run
+
+
+def flashinfer_unavailable() -> str | None:
+    try:
+        import flashinfer  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - not installed or broken
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def make_flashinfer(case: Case, layout: Layout) -> Impl:
+    """FlashInfer's paged decode wrapper (one query token) or its paged
+    prefill wrapper with a causal mask (several), HND cache views, plan
+    outside the graph."""
+    import flashinfer
+
+    hq, hkv = case.heads
+    batch, q_tokens = case.batch, case.query_tokens
+    lengths = torch.tensor(case.lengths, dtype=torch.int32)
+    blocks = (lengths + BLOCK_SIZE - 1) // BLOCK_SIZE
+    indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(blocks, 0)
+    indices = torch.cat(
+        [layout.block_table_cpu[b, : int(n)] for b, n in enumerate(blocks)]
+    )
+    last_page_len = (lengths - 1) % BLOCK_SIZE + 1
+    indptr, indices = indptr.cuda(), indices.cuda()
+    last_page_len = last_page_len.cuda()
+    workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    common = {
+        "q_data_type": torch.bfloat16,
+        "kv_data_type": case.kv_dtype,
+        "sm_scale": SCALE,
+    }
+    if q_tokens == 1:
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace,
+            "HND",
+            use_cuda_graph=True,
+            use_tensor_cores=True,
+            paged_kv_indptr_buffer=indptr,
+            paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last_page_len,
+        )
+        wrapper.plan(
+            indptr, indices, last_page_len, hq, hkv, HEAD_SIZE, BLOCK_SIZE, **common
+        )
+    else:
+        qo_indptr = torch.arange(
+            0, (batch + 1) * q_tokens, q_tokens, dtype=torch.int32, device="cuda"
+        )
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            workspace,
+            "HND",
+            use_cuda_graph=True,
+            qo_indptr_buf=qo_indptr,
+            paged_kv_indptr_buf=indptr,
+            paged_kv_indices_buf=indices,
+            paged_kv_last_page_len_buf=last_page_len,
+        )
+        wrapper.plan(
+            qo_indptr,
+            indptr,
+            indices,
+            last_page_len,
+            hq,
+            hkv,
+            HEAD_SIZE,
+            BLOCK_SIZE,
+            causal=True,
+            **common,
+        )
+    scales: dict[str, float] = {}
+    if case.fp8:
+        scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
+
+    def run(s: InputSet) -> torch.Tensor:
+        k = s.kv[..., :HEAD_SIZE]  # HND: [pages, Hkv, page_size, D]
+        v = s.kv[..., HEAD_SIZE:]
+        wrapper.run(s.q, (k, v), out=s.out, **scales)
+        return s.out
+
+    return run
+
+
+# ---------------------------------------------------------------------------
+# Checking
+# ---------------------------------------------------------------------------
+
+
+def _gather_tokens(cache: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` tokens of a sequence's blocks, float32 [n, Hkv, D]."""
+    raw = cache.view(torch.uint8) if cache.dtype == FP8 else cache
+    rows = raw[blocks]
+    rows = rows.view(FP8) if cache.dtype == FP8 else rows
+    return rows.reshape(-1, *cache.shape[2:])[:n].float()
+
+
+def reference_rows(
+    case: Case, layout: Layout, s: InputSet, seqs: list[int]
+) -> dict[int, torch.Tensor]:
+    """Float32 attention of the given sequences: [q_tokens, Hq, D] each."""
+    hq, hkv = case.heads
+    group, q_tokens = hq // hkv, case.query_tokens
+    k_scale = K_SCALE if case.fp8 else 1.0
+    v_scale = V_SCALE if case.fp8 else 1.0
+    refs = {}
+    for b in seqs:
+        n = case.lengths[b]
+        table = layout.block_table_cpu[b, : math.ceil(n / BLOCK_SIZE)]
+        blocks = table.long().to(s.kv.device)
+        k = _gather_tokens(s.key_cache, blocks, n) * k_scale
+        v = _gather_tokens(s.value_cache, blocks, n) * v_scale
+        q = s.q[b * q_tokens : (b + 1) * q_tokens].float()
+        q = q.view(q_tokens, hkv, group, HEAD_SIZE)
+        scores = torch.einsum("thgd,nhd->hgtn", q, k) * SCALE
+        pos = torch.arange(n, device=scores.device)
+        last = n - q_tokens + torch.arange(q_tokens, device=scores.device)
+        scores.masked_fill_(pos[None, :] > last[:, None], float("-inf"))
+        out = torch.einsum("hgtn,nhd->thgd", scores.softmax(dim=-1), v)
+        refs[b] = out.reshape(q_tokens, hq, HEAD_SIZE)
+    return refs
+
+
+def ref_seqs(case: Case) -> list[int]:
+    longest = max(range(case.batch), key=lambda b: case.lengths[b])
+    return sorted({0, case.batch - 1, longest})[:REF_SEQS]
+
+
+def rel_error(out: torch.Tensor, refs: dict[int, torch.Tensor], q_tokens: int) -> float:
+    got = torch.cat([out[b * q_tokens : (b + 1) * q_tokens] for b in refs]).float()
+    ref = torch.cat(list(refs.values()))
+    if not torch.isfinite(got).all():
+        return math.inf
+    return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref)).item()
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    diff = (a.float() - b.float()).abs()
+    if not torch.isfinite(diff).all():
+        return math.inf
+    return diff.max().item()
+
+
+def _short(err: BaseException | str) -> str:
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    text = text.strip().splitlines()[0] if text.strip() else text
+    return text[:300]
+
+
+def _json_float(x: float, digits: int) -> float | str:
+    return significant(x, digits) if math.isfinite(x) else "inf"
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Options:
+    iters: int
+    warmup: int
+    baselines: tuple[str, ...]
+    max_kv_bytes: int
+
+
+@dataclasses.dataclass
+class Env:
+    hpc_ops: ModuleType
+    bandwidth_gbps: float
+    scrub: L2Scrub
+    missing: dict[str, str]  # baseline -> why it does not import
+
+
+def _record(
+    case_workload: str,
+    case_name: str,
+    impl: str,
+    us: float | None,
+    floor_us: float,
+    **extra: Any,
+) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "workload": case_workload,
+        "case": case_name,
+        "impl": impl,
+        "us": None if us is None else round(us, 2),
+        "floor_us": significant(floor_us, 4),
+        "fraction_of_floor": None if us is None else significant(floor_us / us, 3),
+        "ratios": {},
+    }
+    record.update(extra)
+    return record
+
+
+def choose_num_sets(case: Case, opts: Options) -> int:
+    """Sets to rotate: enough for ROTATION_BYTES within [MIN_SETS, MAX_SETS],
+    fewer where they would pass the memory budget (0: even one does not)."""
+    size = case.set_bytes()
+    wanted = min(MAX_SETS, max(MIN_SETS, math.ceil(ROTATION_BYTES / size)))
+    return min(wanted, opts.max_kv_bytes // size)
+
+
+def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
+    """Records of one W1/W2 case and whether the hpc result is sound."""
+    floor_us = case.floor_bytes() / (env.bandwidth_gbps * 1e3)
+    num_sets = choose_num_sets(case, opts)
+    if num_sets < 1:
+        gb = case.set_bytes() / 1e9
+        reason = f"skipped: one input set is {gb:.1f} GB, over the --max-kv-gb budget"
+        record = _record(case.workload, case.name, HPC, None, floor_us, error=reason)
+        return [record], True
+
+    layout = make_layout(case)
+    sets = [make_input_set(case, seed=i) for i in range(num_sets)]
+    touched = num_sets * case.floor_bytes()
+    scrub = env.scrub if touched < 4 * env.scrub.l2_bytes else None
+    hpc_ops = env.hpc_ops
+
+    makers: dict[str, Callable[[], Impl]] = {
+        HPC: lambda: make_hpc(case, layout, hpc_ops, hpc_ops.SplitMode.BALANCED),
+        STATIC: lambda: make_hpc(case, layout, hpc_ops, hpc_ops.SplitMode.STATIC),
+        FLEX: lambda: make_flex(case, layout),
+        TRITON: lambda: make_triton(case, layout),
+        FLASHINFER: lambda: make_flashinfer(case, layout),
+    }
+    names = [HPC] + [b for b in opts.baselines if b not in env.missing]
+    seqs = ref_seqs(case)
+    refs = reference_rows(case, layout, sets[0], seqs)
+    tol = REL_TOL[case.fp8]
+
+    impls: dict[str, Impl] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    errors: dict[str, str] = {}
+    ref_err: dict[str, float] = {}
+    for name in names:
+        try:
+            impl = makers[name]()
+            sets[0].out.fill_(float("nan"))
+            out = impl(sets[0])
+            torch.cuda.synchronize()
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            errors[name] = _short(err)
+            torch.cuda.synchronize()
+            continue
+        ref_err[name] = rel_error(out, refs, case.query_tokens)
+        outputs[name] = out.clone()
+        if not ref_err[name] <= tol:
+            errors[name] = (
+                f"wrong output: rel error {ref_err[name]:.3g} vs float32 "
+                f"reference (tolerance {tol:g})"
+            )
+            continue
+        impls[name] = impl
+
+    diffs = {}
+    if HPC in outputs:
+        diffs = {
+            name: _json_float(max_abs_diff(outputs[HPC], out), 3)
+            for name, out in outputs.items()
+            if name != HPC
+        }
+    del outputs
+
+    timings: dict[str, float] = {}
+    if HPC in impls:
+        pool = torch.cuda.graph_pool_handle()
+        for name, impl in impls.items():
+            try:
+                graphs = capture_graphs(impl, sets, pool)
+                timings[name] = time_graphs(graphs, opts.iters, opts.warmup, scrub)
+                del graphs
+            except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+                errors[name] = _short(err)
+                torch.cuda.synchronize()
+                if name == HPC:
+                    break
+
+    ok = HPC in timings
+    records = []
+    hpc_us = timings.get(HPC)
+    for name in names:
+        extra: dict[str, Any] = {}
+        if name in ref_err:
+            extra["ref_rel_err"] = _json_float(ref_err[name], 3)
+        if name == HPC:
+            extra["num_sets"] = num_sets
+            extra["rotated_gb"] = round(num_sets * case.set_bytes() / 1e9, 3)
+            extra["l2_scrub"] = scrub is not None
+            extra["max_abs_diff"] = diffs
+        if name == FLEX:
+            extra["variant"] = FLEX_VARIANT
+        if name not in timings:
+            extra["error"] = errors.get(name, "not timed: the hpc result failed")
+        us = timings.get(name)
+        record = _record(case.workload, case.name, name, us, floor_us, **extra)
+        if name == HPC and hpc_us is not None:
+            record["ratios"] = {
+                other: round(t / hpc_us, 3)
+                for other, t in timings.items()
+                if other != HPC
+            }
+        records.append(record)
+    return records, ok
+
+
+def plan_cases(quick: bool) -> list[tuple[str, tuple[int, ...]]]:
+    batches = QUICK_PLAN_BATCHES if quick else PLAN_BATCHES
+    return [
+        (f"b{b}", W1_LENGTHS if b == len(W1_LENGTHS) else (PLAN_CONTEXT,) * b)
+        for b in batches
+    ]
+
+
+def _plan_runner(ws: Any, kv_lens: torch.Tensor) -> Callable[[object], None]:
+    def run(_: object) -> None:
+        ws.plan(kv_lens, 1)
+
+    return run
+
+
+def bench_plan(
+    name: str, lengths: tuple[int, ...], env: Env, opts: Options
+) -> tuple[list[dict], bool]:
+    """The GPU planner alone (tp1 KV heads, one query token), balanced as
+    ``hpc`` and the static mode's planner as a baseline."""
+    hpc_ops = env.hpc_ops
+    hq, hkv = HEAD_CONFIGS["tp1"]
+    case = Case("PLAN", "tp1", False, lengths, 1)
+    kv_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    timings: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    floor_us = 0.0
+    modes = {HPC: hpc_ops.SplitMode.BALANCED}
+    if STATIC in opts.baselines:
+        modes[STATIC] = hpc_ops.SplitMode.STATIC
+    pool = torch.cuda.graph_pool_handle()
+    for impl, mode in modes.items():
+        try:
+            ws = create_workspace(
+                hpc_ops,
+                max_batch=case.batch,
+                num_q_heads=hq,
+                num_kv_heads=hkv,
+                head_size=HEAD_SIZE,
+                max_kv_tokens=case.num_blocks * BLOCK_SIZE,
+                device="cuda",
+                kv_cache_dtype=torch.bfloat16,
+                mode=mode,
+            )
+            ws.plan(kv_lens, 1)
+            plan = ws.read_plan()
+            if plan.num_units != case.batch * hkv:
+                raise RuntimeError(
+                    f"plan has {plan.num_units} units, expected {case.batch * hkv}"
+                )
+            if impl == HPC:
+                # Lengths read, plan written.
+                plan_bytes = 4 * kv_lens.numel() + 4 * ws.plan_buffer.numel()
+                floor_us = plan_bytes / (env.bandwidth_gbps * 1e3)
+            graphs = capture_graphs(_plan_runner(ws, kv_lens), [None], pool)
+            timings[impl] = time_graphs(graphs, opts.iters, opts.warmup, None)
+            del graphs
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            errors[impl] = _short(err)
+            torch.cuda.synchronize()
+    records = []
+    hpc_us = timings.get(HPC)
+    for impl in modes:
+        extra = {} if impl in timings else {"error": errors.get(impl, "not timed")}
+        record = _record("PLAN", name, impl, timings.get(impl), floor_us, **extra)
+        if impl == HPC and hpc_us is not None:
+            record["ratios"] = {
+                other: round(t / hpc_us, 3)
+                for other, t in timings.items()
+                if other != HPC
+            }
+        records.append(record)
+    return records, HPC in timings
+
+
+def all_cases(quick: bool, fp8_all: bool, workloads: set[str]) -> list[Case]:
+    cases: list[Case] = []
+    if "W1" in workloads:
+        cases += w1_cases()
+    if "W2" in workloads:
+        w2 = w2_cases(fp8_all=fp8_all)
+        if quick:
+            w2 = [c for c in w2 if c.name in QUICK_W2]
+        cases += w2
+    return cases
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="W1, a few W2 cases (" + ", ".join(QUICK_W2) + ") and PLAN b32/b256",
+    )
+    parser.add_argument("--out", type=Path, help="also write the JSON under this dir")
+    parser.add_argument("--iters", type=int, default=100, help="timed replays (>= 50)")
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--cases", default="*", help="glob over case names")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help="comma-separated subset of: " + ", ".join(WORKLOADS),
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        help="comma-separated subset of: "
+        + ", ".join(BASELINES)
+        + " (default: all; those that do not import are skipped)",
+    )
+    parser.add_argument(
+        "--fp8-all", action="store_true", help="every W2 case in fp8 too"
+    )
+    parser.add_argument(
+        "--max-kv-gb",
+        type=float,
+        default=None,
+        help="memory for one case's rotated input sets (default: "
+        f"{KV_MEMORY_SHARE:g} of the device's memory, at most {MAX_KV_GB:g})",
+    )
+    args = parser.parse_args(argv)
+    if args.iters < MIN_ITERS:
+        parser.error(f"--iters must be at least {MIN_ITERS}")
+    for flag, allowed in (("baselines", BASELINES), ("workloads", WORKLOADS)):
+        unknown = set(filter(None, getattr(args, flag).split(","))) - set(allowed)
+        if unknown:
+            parser.error(f"unknown {flag}: {', '.join(sorted(unknown))}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"benchmark_hpc_decode: not run: {reason}")
+        return 1
+    max_kv_gb = args.max_kv_gb
+    if max_kv_gb is None:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        max_kv_gb = min(MAX_KV_GB, KV_MEMORY_SHARE * props.total_memory / 1e9)
+    opts = Options(
+        iters=args.iters,
+        warmup=args.warmup,
+        baselines=tuple(b for b in args.baselines.split(",") if b),
+        max_kv_bytes=int(max_kv_gb * 1e9),
+    )
+    workloads = set(filter(None, args.workloads.split(",")))
+    cases = [
+        c
+        for c in all_cases(args.quick, args.fp8_all, workloads)
+        if fnmatch.fnmatch(c.name, args.cases)
+    ]
+    plans = []
+    if "PLAN" in workloads:
+        plans = [p for p in plan_cases(args.quick) if fnmatch.fnmatch(p[0], args.cases)]
+    if not cases and not plans:
+        print(f"benchmark_hpc_decode: no case matches {args.cases!r}")
+        return 1
+
+    missing = {}
+    for name, probe in (
+        (TRITON, triton_unavailable),
+        (FLASHINFER, flashinfer_unavailable),
+    ):
+        if name in opts.baselines:
+            why = probe()
+            if why is not None:
+                missing[name] = why
+                print(f"{name} skipped: {why}")
+    bandwidth = measure_copy_bandwidth_gbps()
+    torch.cuda.empty_cache()
+    env = Env(
+        hpc_ops=import_hpc_ops(),
+        bandwidth_gbps=bandwidth,
+        scrub=L2Scrub(),
+        missing=missing,
+    )
+    print(
+        f"copy bandwidth {bandwidth:.0f} GB/s, {len(cases)} decode cases, "
+        f"{len(plans)} planner cases"
+    )
+
+    records: list[dict[str, Any]] = []
+    sound = True
+    for case in cases:
+        try:
+            case_records, ok = bench_case(case, env, opts)
+        except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
+            floor_us = case.floor_bytes() / (bandwidth * 1e3)
+            error = _short(err)
+            case_records = [
+                _record(case.workload, case.name, HPC, None, floor_us, error=error)
+            ]
+            ok = False
+        sound &= ok
+        records.extend(case_records)
+        _progress(case.workload, case.name, case_records, started)
+        torch.cuda.empty_cache()
+    for name, lengths in plans:
+        case_records, ok = bench_plan(name, lengths, env, opts)
+        sound &= ok
+        records.extend(case_records)
+        _progress("PLAN", name, case_records, started)
+
+    write_results(RESULT_NAME, records, bandwidth, args.out)
+    print()
+    print_table(records, impl=HPC)
+    print(f"elapsed {time.monotonic() - started:.1f} s")
+    return 0 if sound else 1
+
+
+def _progress(
+    workload: str, name: str, records: list[dict[str, Any]], started: float
+) -> None:
+    hpc = records[0]
+    when = f"[{time.monotonic() - started:.0f} s]"
+    if hpc["us"] is None:
+        print(f"  {when} {workload} {name}: hpc {hpc.get('error')}")
+        return
+    ratios = ", ".join(f"{k} x{v:.2f}" for k, v in hpc["ratios"].items())
+    failed = [f"{r['impl']}: {r['error']}" for r in records[1:] if r.get("error")]
+    print(
+        f"  {when} {workload} {name}: hpc {hpc['us']} us, "
+        f"{hpc['fraction_of_floor']} of floor; {ratios}"
+    )
+    for line in failed:
+        print(f"      {line}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
