@@ -1,7 +1,8 @@
 // Device code of the split-KV combine: merges the fp32 pieces of every split
-// unit into the output, in piece order (so the result does not depend on
-// scheduling). Units that were not split were written by the decode kernel
-// and are skipped; units with no KV at all get zeros.
+// unit into the output, each lane summing its columns in piece order (so the
+// result does not depend on scheduling). Units that were not split were
+// written by the decode kernel and are skipped; units with no KV at all
+// (zero pieces) get zeros.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -32,10 +33,16 @@ __device__ __forceinline__ void store4(void* out, ElemType type, float4 v) {
   }
 }
 
+// One warp per (split unit, row): lanes read 32 pieces' LSEs at a time and
+// broadcast the weights, so each lane keeps 32 independent partial-row
+// loads in flight instead of walking the pieces one by one.
 __global__ void __launch_bounds__(kCombineThreads)
     combine_kernel(const __grid_constant__ DecodeParams p, int head_dim) {
   pdl_launch_dependents();
   pdl_wait_for_producer();  // the decode kernel's partials
+  constexpr int kWarps = kCombineThreads / 32;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
   const int num_units = p.plan[kNumUnits];
   const int32_t* num_pieces = p.plan + p.layout.unit_num_pieces();
   const int32_t* first_partial = p.plan + p.layout.unit_first_partial();
@@ -46,37 +53,61 @@ __global__ void __launch_bounds__(kCombineThreads)
     const int b = unit % p.batch;
     const int h = unit / p.batch;
     const int first = first_partial[unit];
-    for (int e = threadIdx.x; e < p.rows * quads; e += blockDim.x) {
-      const int row = e / quads;
-      const int d = (e % quads) * 4;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (pieces > 1) {
-        float lse_max = -INFINITY;
-        for (int i = 0; i < pieces; ++i) {
-          lse_max = fmaxf(lse_max, p.partial_lse[(first + i) * p.rows + row]);
-        }
-        const float ref = lse_max == -INFINITY ? 0.f : lse_max;
-        float sum = 0.f;
-        for (int i = 0; i < pieces; ++i) {
-          const int64_t prow = static_cast<int64_t>(first + i) * p.rows + row;
-          const float w = exp2f(p.partial_lse[prow] - ref);
-          const float4 v = *reinterpret_cast<const float4*>(
-              p.partial_out + prow * head_dim + d);
-          sum += w;
-          acc.x += w * v.x;
-          acc.y += w * v.y;
-          acc.z += w * v.z;
-          acc.w += w * v.w;
-        }
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    for (int row = warp; row < p.rows; row += kWarps) {
+      const float* lse =
+          p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
+      float lse_max = -INFINITY;
+      for (int i = lane; i < pieces; i += 32) {
+        lse_max = fmaxf(lse_max, lse[static_cast<int64_t>(i) * p.rows]);
       }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        lse_max = fmaxf(lse_max, __shfl_xor_sync(0xffffffffu, lse_max, offset));
+      }
+      const float ref = lse_max == -INFINITY ? 0.f : lse_max;
+      float sum = 0.f;
+      for (int i = lane; i < pieces; i += 32) {
+        sum += exp2f(lse[static_cast<int64_t>(i) * p.rows] - ref);
+      }
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+      }
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const int t = row / p.group;
       const int head = h * p.group + row % p.group;
-      const int64_t offset =
+      uint16_t* out =
+          static_cast<uint16_t*>(p.out) +
           static_cast<int64_t>(b * p.query_tokens + t) * p.out_token_stride +
-          static_cast<int64_t>(head) * p.out_head_stride + d;
-      store4(static_cast<uint16_t*>(p.out) + offset, p.out_type, acc);
+          static_cast<int64_t>(head) * p.out_head_stride;
+      for (int q0 = 0; q0 < quads; q0 += 32) {
+        const int quad = q0 + lane;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int c = 0; c < pieces; c += 32) {
+          const float w_lane =
+              c + lane < pieces
+                  ? exp2f(lse[static_cast<int64_t>(c + lane) * p.rows] - ref) *
+                        inv
+                  : 0.f;
+          const int n = min(32, pieces - c);
+#pragma unroll 8
+          for (int k = 0; k < n; ++k) {
+            const float w = __shfl_sync(0xffffffffu, w_lane, k);
+            if (quad < quads) {
+              const float4 v = *reinterpret_cast<const float4*>(
+                  p.partial_out +
+                  (static_cast<int64_t>(first + c + k) * p.rows + row) *
+                      head_dim +
+                  4 * quad);
+              acc.x += w * v.x;
+              acc.y += w * v.y;
+              acc.z += w * v.z;
+              acc.w += w * v.w;
+            }
+          }
+        }
+        if (quad < quads) store4(out + 4 * quad, p.out_type, acc);
+      }
     }
   }
 }
