@@ -18,6 +18,7 @@ namespace hpc {
 namespace decode {
 
 constexpr int kCombineThreads = 256;
+constexpr int kPiecesInFlight = 16;
 
 __device__ __forceinline__ void store4(void* out, ElemType type, float4 v) {
   if (type == ElemType::kBf16) {
@@ -90,19 +91,27 @@ __global__ void __launch_bounds__(kCombineThreads)
                         inv
                   : 0.f;
           const int n = min(32, pieces - c);
-#pragma unroll 8
-          for (int k = 0; k < n; ++k) {
-            const float w = __shfl_sync(0xffffffffu, w_lane, k);
-            if (quad < quads) {
-              const float4 v = *reinterpret_cast<const float4*>(
-                  p.partial_out +
-                  (static_cast<int64_t>(first + c + k) * p.rows + row) *
-                      head_dim +
-                  4 * quad);
-              acc.x += w * v.x;
-              acc.y += w * v.y;
-              acc.z += w * v.z;
-              acc.w += w * v.w;
+          for (int k0 = 0; k0 < n; k0 += kPiecesInFlight) {
+            // Issue all loads of the batch before the first use.
+            float4 v[kPiecesInFlight];
+#pragma unroll
+            for (int k = 0; k < kPiecesInFlight; ++k) {
+              v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+              if (k0 + k < n && quad < quads) {
+                v[k] = *reinterpret_cast<const float4*>(
+                    p.partial_out +
+                    (static_cast<int64_t>(first + c + k0 + k) * p.rows + row) *
+                        head_dim +
+                    4 * quad);
+              }
+            }
+#pragma unroll
+            for (int k = 0; k < kPiecesInFlight; ++k) {
+              const float w = __shfl_sync(0xffffffffu, w_lane, (k0 + k) & 31);
+              acc.x += w * v[k].x;
+              acc.y += w * v[k].y;
+              acc.z += w * v[k].z;
+              acc.w += w * v[k].w;
             }
           }
         }

@@ -20,9 +20,9 @@
 //    is permuted to let a lane hold 4 consecutive channels of Q and K
 //    (logical k 2q4+{0,1} <-> channel 4q4+{0,1}, k 2q4+8+{0,1} <-> 4q4+{2,3}):
 //    one 8-byte (16-bit KV) or 4-byte (FP8 KV) shared load per B fragment.
-//  * PV: output column n of n-tile j is channel n * D / 8 + j, so a lane
-//    reads D / 8 consecutive channels of each V row it needs and owns two
-//    contiguous runs of D / 8 output channels per row.
+//  * PV: output columns are permuted so that a lane reads 16 consecutive
+//    bytes of each V row it needs, conflict-free, and owns runs of 8 or 16
+//    consecutive output channels (PvLayout).
 // FP8 K and V are widened to fp16 in registers (exact), so Q is used in
 // fp16 and P in fp16: no extra rounding beyond the bf16/fp16 inputs.
 #pragma once
@@ -108,8 +108,6 @@ struct SmemPlan {
   static_assert(kStages >= kMinStages, "pipeline must be >= 3 stages deep");
   static constexpr int kBytes =
       kStages * Layout::kStageBytes + kScratchBytes + 1024;
-  // Registers per thread that let kCtasPerSm CTAs share the register file.
-  static constexpr int kMaxRegisters = kCtasPerSm == 2 ? 200 : 255;
 };
 
 // ---------------------------------------------------------------------------
@@ -392,6 +390,23 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// How a lane reads V and owns output channels in O += P V. The head
+// dimension is cut into units of 8 x kUnitChannels channels; in unit u, lane
+// group g (lane / 4) reads the kUnitChannels channels starting at
+// (u * 8 + g) * kUnitChannels of each V row it needs (one load of at most 16
+// bytes; the eight groups cover whole 128-byte swizzled rows, so the loads
+// are free of bank conflicts), and n-tile u * kUnitChannels + jj of the MMA
+// maps output column n to channel (u * 8 + n) * kUnitChannels + jj.
+template <int kHeadDim, int kKvBytes>
+struct PvLayout {
+  static constexpr int kRowBytes = kHeadDim * kKvBytes;
+  static constexpr int kUnitBytes = kRowBytes / 8 < 16 ? kRowBytes / 8 : 16;
+  static constexpr int kUnitWords = kUnitBytes / 4;
+  static constexpr int kUnitChannels = kUnitBytes / kKvBytes;
+  static constexpr int kUnits = kHeadDim / (8 * kUnitChannels);
+  static_assert(kUnitChannels % 8 == 0, "16-byte output vectors");
+};
+
 // Online-softmax state and output accumulator of one warp: one 16-row tile
 // (rows g and g + 8 of the lane) over the warp's token slice.
 template <int kHeadDim>
@@ -492,51 +507,63 @@ __device__ void merge_token_groups(RowState<kHeadDim>& st, float* scratch,
 }
 
 // Writes one finished row (either directly to the output or as a partial).
-template <int kHeadDim>
+// Register o[u * kUnitChannels + jj][2 * i + run] holds channel
+// (u * 8 + 2 * q4 + run) * kUnitChannels + jj (see PvLayout).
+template <int kHeadDim, int kKvBytes>
 __device__ void store_row(const DecodeParams& p, const WorkItem& item,
                           const RowState<kHeadDim>& st, int i, int row,
                           int q4) {
-  constexpr int kRun = kHeadDim / 8;  // channels per run; 2 runs per lane
+  using Pv = PvLayout<kHeadDim, kKvBytes>;
+  constexpr int kUc = Pv::kUnitChannels;
   const float v_scale = p.v_scale ? *p.v_scale : 1.f;
   const float l = st.l[i];
   const float inv = l > 0.f ? v_scale / l : 0.f;
-  const int d0 = 2 * q4 * kRun;
   if (item.pieces == 1) {
     const int b = item.unit % p.batch;
     const int h = item.unit / p.batch;
     const int t = row / p.group;
     const int head = h * p.group + row % p.group;
-    const int64_t base =
+    uint16_t* out =
+        static_cast<uint16_t*>(p.out) +
         static_cast<int64_t>(b * p.query_tokens + t) * p.out_token_stride +
         static_cast<int64_t>(head) * p.out_head_stride;
 #pragma unroll
-    for (int run = 0; run < 2; ++run) {
+    for (int u = 0; u < Pv::kUnits; ++u) {
 #pragma unroll
-      for (int j0 = 0; j0 < kRun; j0 += 8) {
-        uint4 raw;
-        uint32_t* w = reinterpret_cast<uint32_t*>(&raw);
+      for (int run = 0; run < 2; ++run) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float x = st.o[j0 + 2 * k][2 * i + run] * inv;
-          const float y = st.o[j0 + 2 * k + 1][2 * i + run] * inv;
-          w[k] = p.out_type == ElemType::kBf16 ? pack2<true>(x, y)
-                                               : pack2<false>(x, y);
+        for (int j0 = 0; j0 < kUc; j0 += 8) {
+          uint4 raw;
+          uint32_t* w = reinterpret_cast<uint32_t*>(&raw);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int j = u * kUc + j0 + 2 * k;
+            const float x = st.o[j][2 * i + run] * inv;
+            const float y = st.o[j + 1][2 * i + run] * inv;
+            w[k] = p.out_type == ElemType::kBf16 ? pack2<true>(x, y)
+                                                 : pack2<false>(x, y);
+          }
+          *reinterpret_cast<uint4*>(out + (u * 8 + 2 * q4 + run) * kUc + j0) =
+              raw;
         }
-        *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.out) + base + d0 +
-                                  run * kRun + j0) = raw;
       }
     }
     return;
   }
   const int64_t prow = static_cast<int64_t>(item.partial_row) * p.rows + row;
-  float* dst = p.partial_out + prow * kHeadDim + d0;
+  float* dst = p.partial_out + prow * kHeadDim;
 #pragma unroll
-  for (int run = 0; run < 2; ++run) {
+  for (int u = 0; u < Pv::kUnits; ++u) {
 #pragma unroll
-    for (int j0 = 0; j0 < kRun; j0 += 4) {
-      *reinterpret_cast<float4*>(dst + run * kRun + j0) = make_float4(
-          st.o[j0][2 * i + run] * inv, st.o[j0 + 1][2 * i + run] * inv,
-          st.o[j0 + 2][2 * i + run] * inv, st.o[j0 + 3][2 * i + run] * inv);
+    for (int run = 0; run < 2; ++run) {
+#pragma unroll
+      for (int j0 = 0; j0 < kUc; j0 += 4) {
+        const int j = u * kUc + j0;
+        *reinterpret_cast<float4*>(dst + (u * 8 + 2 * q4 + run) * kUc + j0) =
+            make_float4(
+                st.o[j][2 * i + run] * inv, st.o[j + 1][2 * i + run] * inv,
+                st.o[j + 2][2 * i + run] * inv, st.o[j + 3][2 * i + run] * inv);
+      }
     }
   }
   if (q4 == 0) {
@@ -554,11 +581,8 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
   constexpr int kWarpTokens = kTileTokens / kTokenGroups;
   constexpr int kNt = kWarpTokens / 8;  // S n-tiles per warp
   constexpr int kKq = kHeadDim / 16;    // QK k-steps
-  constexpr int kRun = kHeadDim / 8;    // V channels per lane per row
-  constexpr int kRunBytes = kRun * kKvBytes;
-  constexpr int kUnitBytes = kRunBytes < 16 ? kRunBytes : 16;
-  constexpr int kUnitWords = kUnitBytes / 4;
-  constexpr int kUnitChannels = kUnitBytes / kKvBytes;
+  constexpr int kRun = kHeadDim / 8;    // output n-tiles
+  using Pv = PvLayout<kHeadDim, kKvBytes>;
 
   const int warp = threadIdx.x / 32;  // 0 .. kConsumerWarps - 1
   const int lane = threadIdx.x % 32;
@@ -688,15 +712,14 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
         const int t0 = tok0 + kk * 16 + 2 * q4;
         const int vrow[4] = {t0, t0 + 1, t0 + 8, t0 + 9};
 #pragma unroll
-        for (int u = 0; u < kRunBytes / kUnitBytes; ++u) {
-          uint32_t w[4][kUnitWords];
+        for (int u = 0; u < Pv::kUnits; ++u) {
+          uint32_t w[4][Pv::kUnitWords];
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
             const uint8_t* src =
-                v_tile +
-                Layout::offset(vrow[r], g * kRunBytes + u * kUnitBytes);
+                v_tile + Layout::offset(vrow[r], (u * 8 + g) * Pv::kUnitBytes);
             const uint32_t keep = vrow[r] < valid_tokens ? 0xffffffffu : 0u;
-            if constexpr (kUnitWords == 4) {
+            if constexpr (Pv::kUnitWords == 4) {
               const uint4 raw = *reinterpret_cast<const uint4*>(src);
               w[r][0] = raw.x & keep;
               w[r][1] = raw.y & keep;
@@ -709,10 +732,10 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
             }
           }
 #pragma unroll
-          for (int jj = 0; jj < kUnitChannels; ++jj) {
+          for (int jj = 0; jj < Pv::kUnitChannels; ++jj) {
             const uint32_t b0 = v_pair<kKvBytes>(w[0], w[1], jj);
             const uint32_t b1 = v_pair<kKvBytes>(w[2], w[3], jj);
-            mma_m16n8k16<kBf16Mma>(st.o[u * kUnitChannels + jj], a, b0, b1);
+            mma_m16n8k16<kBf16Mma>(st.o[u * Pv::kUnitChannels + jj], a, b0, b1);
           }
         }
       }
@@ -727,7 +750,8 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
     if (token_group == 0) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        if (rows[i] < p.rows) store_row<kHeadDim>(p, item, st, i, rows[i], q4);
+        if (rows[i] < p.rows)
+          store_row<kHeadDim, kKvBytes>(p, item, st, i, rows[i], q4);
       }
     }
   }
@@ -738,11 +762,11 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
 // ---------------------------------------------------------------------------
 
 template <int kHeadDim, typename KvT, int kTokenGroups>
-__global__ void __launch_bounds__(kDecodeThreads)
-    __maxnreg__((SmemPlan<kHeadDim, sizeof(KvT)>::kMaxRegisters))
-        decode_kernel(const __grid_constant__ DecodeParams p,
-                      const __grid_constant__ CUtensorMap tmap_k,
-                      const __grid_constant__ CUtensorMap tmap_v) {
+__global__ void __launch_bounds__(kDecodeThreads,
+                                  (SmemPlan<kHeadDim, sizeof(KvT)>::kCtasPerSm))
+    decode_kernel(const __grid_constant__ DecodeParams p,
+                  const __grid_constant__ CUtensorMap tmap_k,
+                  const __grid_constant__ CUtensorMap tmap_v) {
   using Smem = SmemPlan<kHeadDim, sizeof(KvT)>;
   constexpr int kStages = Smem::kStages;
   extern __shared__ __align__(1024) uint8_t smem_raw[];

@@ -28,6 +28,11 @@ void launch_typed(const DecodeParams& params, const CUtensorMap& k_map,
   auto kernel = decode_kernel<kHeadDim, KvT, kTokenGroups>;
   HPC_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
+  // All of the SM's unified L1/shared storage as shared memory, so that
+  // kCtasPerSm rings fit side by side.
+  HPC_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+      cudaSharedmemCarveoutMaxShared));
   launch_with_pdl(kernel, dim3(grid), dim3(kDecodeThreads), Smem::kBytes,
                   stream, params, k_map, v_map);
 }
