@@ -631,6 +631,7 @@ class DecodeWorkspace:
     plan_buffer: torch.Tensor
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
+    piece_counters: torch.Tensor  # int32 [max_units], zero between calls
     max_batch: int
     num_q_heads: int
     num_kv_heads: int
@@ -737,6 +738,7 @@ class DecodeWorkspace:
             partial_lse=torch.empty(
                 max_partials * rows, dtype=torch.float32, device=device
             ),
+            piece_counters=torch.zeros(max_units, dtype=torch.int32, device=device),
             max_batch=max_batch,
             num_q_heads=num_q_heads,
             num_kv_heads=num_kv_heads,
@@ -988,7 +990,8 @@ def decode_attention(
     v_scale: torch.Tensor | None = None,
     softcap: float = 0.0,
 ) -> None:
-    """Paged decode attention over a split-KV plan (decode kernel + combine).
+    """Paged decode attention over a split-KV plan, in one kernel launch (the
+    last CTA to finish a split sequence merges its pieces).
 
     ``q``: ``[batch * query_tokens, num_q_heads, head_size]``, token-major
     per sequence (query t of sequence b is row b * query_tokens + t); bf16 or
@@ -1032,6 +1035,7 @@ def decode_attention(
         out,
         workspace.partial_out,
         workspace.partial_lse,
+        workspace.piece_counters,
         q_scale,
         k_scale,
         v_scale,
@@ -1072,6 +1076,7 @@ if _LIBRARY_LOADED:
         out: torch.Tensor,
         partial_out: torch.Tensor,
         partial_lse: torch.Tensor,
+        piece_counters: torch.Tensor,
         q_scale: torch.Tensor | None,
         k_scale: torch.Tensor | None,
         v_scale: torch.Tensor | None,

@@ -22,7 +22,8 @@ TORCH_LIBRARY(_hpc_C, m) {
   m.def(
       "decode_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
       "Tensor block_table, Tensor kv_lens, Tensor plan, Tensor(a!) out, "
-      "Tensor(b!) partial_out, Tensor(c!) partial_lse, Tensor? q_scale, "
+      "Tensor(b!) partial_out, Tensor(c!) partial_lse, "
+      "Tensor(d!) piece_counters, Tensor? q_scale, "
       "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
   m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",

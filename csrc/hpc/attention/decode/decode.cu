@@ -1,9 +1,8 @@
 // Host side of split-KV decode attention: TMA descriptors over the paged
-// cache, head-size dispatch, and the combine launch.
+// cache and head-size dispatch.
 #include <stdexcept>
 #include <string>
 
-#include "attention/decode/combine_kernel.cuh"
 #include "attention/decode/decode.h"
 #include "attention/decode/decode_kernel.cuh"
 #include "common/pdl.cuh"
@@ -64,7 +63,7 @@ int decode_ctas_per_sm(int head_dim, ElemType kv_type) {
 
 void decode_attention(const DecodeParams& params, int head_dim,
                       ElemType kv_type, const PagedCacheView& k_cache,
-                      const PagedCacheView& v_cache, int grid, int combine_grid,
+                      const PagedCacheView& v_cache, int grid,
                       cudaStream_t stream) {
   const CUtensorMap k_map = paged_cache_map(
       k_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
@@ -84,8 +83,6 @@ void decode_attention(const DecodeParams& params, int head_dim,
       throw std::invalid_argument("decode_attention: unsupported head size " +
                                   std::to_string(head_dim));
   }
-  launch_with_pdl(combine_kernel, dim3(combine_grid), dim3(kCombineThreads), 0,
-                  stream, params, head_dim);
 }
 
 }  // namespace decode

@@ -21,11 +21,11 @@ struct PagedCacheView {
   int64_t head_stride;
 };
 
-// Decode kernel then combine, both launched with PDL on `stream`. `grid` is
-// the CTA count the plan was sized for (layout.max_ctas).
+// The decode kernel (which also merges split units), launched with PDL on
+// `stream`. `grid` is the CTA count the plan was sized for (layout.max_ctas).
 void decode_attention(const DecodeParams& params, int head_dim,
                       ElemType kv_type, const PagedCacheView& k_cache,
-                      const PagedCacheView& v_cache, int grid, int combine_grid,
+                      const PagedCacheView& v_cache, int grid,
                       cudaStream_t stream);
 
 // Persistent decode CTAs that fit on one SM for this configuration; plans

@@ -39,6 +39,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cute/arch/copy_sm90_tma.hpp>
 
+#include "attention/decode/combine.cuh"
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
 #include "common/pdl.cuh"
@@ -49,6 +50,9 @@ namespace decode {
 constexpr int kConsumerWarps = 4;
 constexpr int kDecodeThreads = (kConsumerWarps + 1) * 32;
 constexpr int kMaxRows = 64;
+// Named barrier of the consumer warps (0 is __syncthreads, 1..4 the token
+// group merges).
+constexpr int kCombineBarrier = 5;
 constexpr float kLog2e = 1.4426950408889634f;
 // Shared memory a kernel may use on one SM (every Hopper part), and the
 // shallowest ring worth running.
@@ -119,8 +123,9 @@ struct WorkItem {
   int tile_begin;  // absolute tile indices in the sequence
   int tile_end;
   int kv_len;
-  int pieces;       // pieces of the unit (1: written directly)
-  int partial_row;  // partial row of this piece (split units)
+  int pieces;         // pieces of the unit (1: written directly)
+  int first_partial;  // partial row of the unit's first piece (split units)
+  int partial_row;    // partial row of this piece (split units)
 };
 
 // Turns the CTA's granule range into work items, in order.
@@ -163,7 +168,8 @@ class WorkCursor {
     item.tile_end = tile0 + min(g1 * per, tiles);
     item.pieces = p_.plan[p_.layout.unit_num_pieces() + unit_];
     const int piece = balanced ? cta_ - cta_of(first, total_, num_ctas_) : g0;
-    item.partial_row = p_.plan[p_.layout.unit_first_partial() + unit_] + piece;
+    item.first_partial = p_.plan[p_.layout.unit_first_partial() + unit_];
+    item.partial_row = item.first_partial + piece;
     x_ = first + g1;
     return true;
   }
@@ -519,14 +525,7 @@ __device__ void store_row(const DecodeParams& p, const WorkItem& item,
   const float l = st.l[i];
   const float inv = l > 0.f ? v_scale / l : 0.f;
   if (item.pieces == 1) {
-    const int b = item.unit % p.batch;
-    const int h = item.unit / p.batch;
-    const int t = row / p.group;
-    const int head = h * p.group + row % p.group;
-    uint16_t* out =
-        static_cast<uint16_t*>(p.out) +
-        static_cast<int64_t>(b * p.query_tokens + t) * p.out_token_stride +
-        static_cast<int64_t>(head) * p.out_head_stride;
+    uint16_t* out = output_row(p, item.unit, row);
 #pragma unroll
     for (int u = 0; u < Pv::kUnits; ++u) {
 #pragma unroll
@@ -571,10 +570,52 @@ __device__ void store_row(const DecodeParams& p, const WorkItem& item,
   }
 }
 
+// Publishes a finished piece of a split unit; the CTA that finishes the
+// unit's last piece merges all of them (threadfence-reduction pattern: the
+// per-unit counter is reset by the merging CTA, ready for the next launch).
+// Called by all consumer warps.
+__device__ __forceinline__ void combine_if_last(const DecodeParams& p,
+                                                const WorkItem& item,
+                                                int head_dim, int* last_piece) {
+  constexpr int kThreads = kConsumerWarps * 32;
+  __threadfence();
+  named_barrier_sync(kCombineBarrier, kThreads);
+  if (threadIdx.x == 0) {
+    *last_piece = atomicAdd(&p.piece_counters[item.unit], 1) == item.pieces - 1;
+  }
+  named_barrier_sync(kCombineBarrier, kThreads);
+  if (*last_piece) {
+    __threadfence();
+    const int warp = threadIdx.x / 32;
+    for (int row = warp; row < p.rows; row += kConsumerWarps) {
+      merge_split_row(p, item.unit, item.first_partial, item.pieces, row,
+                      head_dim, threadIdx.x % 32);
+    }
+    if (threadIdx.x == 0) p.piece_counters[item.unit] = 0;
+  }
+}
+
+// Units with no KV at all get no work item; their rows are zeroed, spread
+// over the grid. Called by the consumer warps.
+__device__ __forceinline__ void zero_empty_units(const DecodeParams& p,
+                                                 int head_dim) {
+  const int num_units = p.plan[kNumUnits];
+  const int32_t* num_pieces = p.plan + p.layout.unit_num_pieces();
+  const int vectors = head_dim / 8;  // 16-byte stores per row
+  for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
+    if (num_pieces[unit] != 0) continue;
+    for (int e = threadIdx.x; e < p.rows * vectors; e += kConsumerWarps * 32) {
+      *reinterpret_cast<uint4*>(output_row(p, unit, e / vectors) +
+                                8 * (e % vectors)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 template <int kHeadDim, typename KvT, int kTokenGroups, int kStages,
           int kMergeRegs>
 __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
-                              uint64_t* full, uint64_t* empty, float* scratch) {
+                              uint64_t* full, uint64_t* empty, float* scratch,
+                              int* last_piece) {
   constexpr int kKvBytes = sizeof(KvT);
   constexpr bool kBf16Mma = std::is_same_v<KvT, __nv_bfloat16>;
   using Layout = TileLayout<kHeadDim, kKvBytes>;
@@ -658,8 +699,12 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
         }
       }
 
-      // Scale, soft-cap, mask; online softmax.
+      // Scale, soft-cap, mask; online softmax. Only tiles at the end of
+      // the sequence (causal, padding) or at the window's start need masks.
       const int pos0 = tile * kTileTokens + tok0 + 2 * q4;
+      const bool unmasked =
+          (tile + 1) * kTileTokens <= item.kv_len - p.query_tokens + 1 &&
+          (p.window <= 0 || tile * kTileTokens >= item.kv_len - p.window);
       float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
@@ -669,25 +714,33 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
           const int pos = pos0 + nt * 8 + (e % 2);
           float x = s[nt][e] * row_scale[i];
           if (softcap) x = p.softcap * kLog2e * tanhf(x);
-          const bool visible = pos < item.kv_len && pos <= query_pos[i] &&
-                               (p.window <= 0 || pos > query_pos[i] - p.window);
-          x = visible ? x : -INFINITY;
+          if (!unmasked) {
+            const bool visible =
+                pos < item.kv_len && pos <= query_pos[i] &&
+                (p.window <= 0 || pos > query_pos[i] - p.window);
+            x = visible ? x : -INFINITY;
+          }
           s[nt][e] = x;
           tile_max[i] = fmaxf(tile_max[i], x);
         }
       }
-      float m_use[2];
+      float m_use[2], alpha[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float m_new = fmaxf(st.m[i], quad_max(tile_max[i]));
         m_use[i] = m_new == -INFINITY ? 0.f : m_new;
-        const float alpha = exp2f(st.m[i] - m_use[i]);
+        alpha[i] = exp2f(st.m[i] - m_use[i]);
         st.m[i] = m_new;
-        st.l[i] *= alpha;
+        st.l[i] *= alpha[i];
+      }
+      // Once the running maxima settle, O needs no rescaling.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
         for (int j = 0; j < kRun; ++j) {
-          st.o[j][2 * i] *= alpha;
-          st.o[j][2 * i + 1] *= alpha;
+          st.o[j][0] *= alpha[0];
+          st.o[j][1] *= alpha[0];
+          st.o[j][2] *= alpha[1];
+          st.o[j][3] *= alpha[1];
         }
       }
 #pragma unroll
@@ -754,6 +807,7 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
           store_row<kHeadDim, kKvBytes>(p, item, st, i, rows[i], q4);
       }
     }
+    if (item.pieces > 1) combine_if_last(p, item, kHeadDim, last_piece);
   }
 }
 
@@ -777,6 +831,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
       reinterpret_cast<float*>(stages + kStages * Smem::Layout::kStageBytes);
   __shared__ uint64_t full[kStages];
   __shared__ uint64_t empty[kStages];
+  __shared__ int last_piece;
 
   const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
@@ -795,6 +850,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
   // The kernel's row layout comes from the launch; a plan made for another
   // query count would be walked wrongly, so fail loudly instead.
   if (p.plan[kQueryTokens] != p.query_tokens) __trap();
+  if (warp < kConsumerWarps) zero_empty_units(p, kHeadDim);
   if (blockIdx.x >= p.plan[kNumCtas]) return;
 
   if (warp == kConsumerWarps) {
@@ -802,7 +858,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
                                                   full, empty);
   } else {
     consume_tiles<kHeadDim, KvT, kTokenGroups, kStages, Smem::kMergeRegs>(
-        p, stages, full, empty, scratch);
+        p, stages, full, empty, scratch, &last_piece);
   }
 }
 

@@ -49,6 +49,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                       const at::Tensor& block_table, const at::Tensor& kv_lens,
                       const at::Tensor& plan, at::Tensor& out,
                       at::Tensor& partial_out, at::Tensor& partial_lse,
+                      at::Tensor& piece_counters,
                       const std::optional<at::Tensor>& q_scale,
                       const std::optional<at::Tensor>& k_scale,
                       const std::optional<at::Tensor>& v_scale, double scale,
@@ -92,6 +93,9 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
   TORCH_CHECK(plan.numel() >= p.layout.size());
   p.partial_out = partial_out.data_ptr<float>();
   p.partial_lse = partial_lse.data_ptr<float>();
+  TORCH_CHECK(piece_counters.scalar_type() == at::kInt &&
+              piece_counters.numel() >= max_units);
+  p.piece_counters = piece_counters.data_ptr<int32_t>();
   p.batch = batch;
   p.num_kv_heads = num_kv_heads;
   p.group = static_cast<int>(q.size(1)) / num_kv_heads;
@@ -106,11 +110,9 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
   p.window = static_cast<int>(window);
   if (batch == 0) return;
 
-  const int combine_grid =
-      std::min<int64_t>(max_units, current_device_info().sm_count);
   decode::decode_attention(p, head_dim, elem_type(key_cache),
                            cache_view(key_cache), cache_view(value_cache),
-                           static_cast<int>(num_ctas), combine_grid,
+                           static_cast<int>(num_ctas),
                            at::cuda::getCurrentCUDAStream());
 }
 

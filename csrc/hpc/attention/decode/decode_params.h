@@ -1,5 +1,5 @@
-// Parameters of the split-KV decode kernels (decode_kernel.cuh) and the
-// combine (combine_kernel.cuh). Plain data: no torch, no device code.
+// Parameters of the split-KV decode kernel (decode_kernel.cuh, which also
+// runs the combine, combine.cuh). Plain data: no torch, no device code.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +38,9 @@ struct DecodeParams {
   PlanLayout layout;
   float* partial_out;  // [partial rows, rows, head_size]
   float* partial_lse;  // [partial rows, rows], log2 domain
+  // Pieces finished per unit; zero between launches (the merging CTA
+  // resets its unit's counter).
+  int32_t* piece_counters;
 
   int batch;
   int num_kv_heads;
