@@ -15,23 +15,26 @@ and bf16 queries; the HPC_ATTN cache layout: one ``(num_blocks, Hkv, 64,
   subset in fp8 (all with ``--fp8-all``). The context counts the query
   tokens, which attend causally to each other.
 * PLAN: the GPU planner ``DecodeWorkspace.plan``, run once per step for all
-  layers, timed on its own. Cases ``b<batch>`` (``b32``: W1's lengths, else
-  uniform 4096-token contexts), ``tp1`` KV heads; ``static`` times the
-  static mode's planner. Floor: the lengths read and the plan written.
+  layers, timed on its own as one of 20 back-to-back calls in a CUDA graph
+  (it runs inside the model's graph; a graph of one call, launch included,
+  is recorded as ``us_single_graph``). Cases ``b<batch>`` (``b32``: W1's
+  lengths, else uniform 4096-token contexts), ``tp1`` KV heads; ``static``
+  times the static mode's planner. Floor: the lengths read and the plan
+  written.
 
-Protocol: what a user pays per layer, ``decode_attention`` (decode kernel +
-combine), runs as CUDA-graph replays timed one by one with CUDA events;
-warm-up, then the median of at least 50. The plan is computed once before
-capture, as the backend does once per step. Every input set (its own KV
-cache tensor, queries and output) gets its own graph and the sets are
-replayed round-robin: at least 4 sets and, up to 64, enough for 240 MB of
-KV. Cases whose sets would exceed ``--max-kv-gb`` use fewer sets (recorded
-as ``num_sets``; one set of such a case is many times the L2 cache), and a
-case whose single set does not fit is skipped. When the KV bytes the
-rotation touches are under four times the L2 cache, L2 is scrubbed before
-each timed replay, outside the timed region. The floor: all K and V bytes
-of the batch read once (sum of lengths x Hkv x D x 2 x element size) at the
-device-to-device copy bandwidth measured in the same run.
+Protocol: what a user pays per layer, ``decode_attention`` (one kernel:
+decode and the merge of split sequences), runs as CUDA-graph replays timed
+one by one with CUDA events; warm-up, then the median of at least 50. The
+plan is computed once before capture, as the backend does once per step.
+Every input set (its own KV cache tensor, queries and output) gets its own
+graph and the sets are replayed round-robin: at least 4 sets and, up to 64,
+enough for 240 MB of KV. Cases whose sets would exceed ``--max-kv-gb`` use
+fewer sets (recorded as ``num_sets``; one set of such a case is many times
+the L2 cache), and a case whose single set does not fit is skipped. When the
+KV bytes the rotation touches are under four times the L2 cache, L2 is
+scrubbed before each timed replay, outside the timed region. The floor: all
+K and V bytes of the batch read once (sum of lengths x Hkv x D x 2 x element
+size) at the device-to-device copy bandwidth measured in the same run.
 
 Implementations, timed the same way on the same inputs:
 
@@ -859,9 +862,19 @@ def plan_cases(quick: bool) -> list[tuple[str, tuple[int, ...]]]:
     ]
 
 
-def _plan_runner(ws: Any, kv_lens: torch.Tensor) -> Callable[[object], None]:
+# The planner runs once per step inside the model's CUDA graph, so its cost
+# is a kernel among others, not a graph launch: it is timed as one of
+# PLAN_CALLS_PER_GRAPH back-to-back calls in one graph. A graph holding a
+# single call is timed too and recorded as `us_single_graph`.
+PLAN_CALLS_PER_GRAPH = 20
+
+
+def _plan_runner(
+    ws: Any, kv_lens: torch.Tensor, calls: int
+) -> Callable[[object], None]:
     def run(_: object) -> None:
-        ws.plan(kv_lens, 1)
+        for _ in range(calls):
+            ws.plan(kv_lens, 1)
 
     return run
 
@@ -876,6 +889,7 @@ def bench_plan(
     case = Case("PLAN", "tp1", False, lengths, 1)
     kv_lens = torch.tensor(lengths, dtype=torch.int32, device="cuda")
     timings: dict[str, float] = {}
+    single_us: dict[str, float] = {}
     errors: dict[str, str] = {}
     floor_us = 0.0
     modes = {HPC: hpc_ops.SplitMode.BALANCED}
@@ -905,16 +919,30 @@ def bench_plan(
                 # Lengths read, plan written.
                 plan_bytes = 4 * kv_lens.numel() + 4 * ws.plan_buffer.numel()
                 floor_us = plan_bytes / (env.bandwidth_gbps * 1e3)
-            graphs = capture_graphs(_plan_runner(ws, kv_lens), [None], pool)
-            timings[impl] = time_graphs(graphs, opts.iters, opts.warmup, None)
-            del graphs
+            graphs = capture_graphs(
+                _plan_runner(ws, kv_lens, PLAN_CALLS_PER_GRAPH), [None], pool
+            )
+            timings[impl] = (
+                time_graphs(graphs, opts.iters, opts.warmup, None)
+                / PLAN_CALLS_PER_GRAPH
+            )
+            single = capture_graphs(_plan_runner(ws, kv_lens, 1), [None], pool)
+            single_us[impl] = time_graphs(single, opts.iters, opts.warmup, None)
+            del graphs, single
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
             errors[impl] = _short(err)
             torch.cuda.synchronize()
     records = []
     hpc_us = timings.get(HPC)
     for impl in modes:
-        extra = {} if impl in timings else {"error": errors.get(impl, "not timed")}
+        extra = (
+            {
+                "calls_per_graph": PLAN_CALLS_PER_GRAPH,
+                "us_single_graph": round(single_us[impl], 3),
+            }
+            if impl in timings
+            else {"error": errors.get(impl, "not timed")}
+        )
         record = _record("PLAN", name, impl, timings.get(impl), floor_us, **extra)
         if impl == HPC and hpc_us is not None:
             record["ratios"] = {
@@ -948,7 +976,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="also write the JSON under this dir")
     parser.add_argument("--iters", type=int, default=100, help="timed replays (>= 50)")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--cases", default="*", help="glob over case names")
+    parser.add_argument(
+        "--cases", default="*", help="comma-separated globs over case names"
+    )
     parser.add_argument(
         "--workloads",
         default=",".join(WORKLOADS),
@@ -999,14 +1029,19 @@ def main(argv: list[str] | None = None) -> int:
         max_kv_bytes=int(max_kv_gb * 1e9),
     )
     workloads = set(filter(None, args.workloads.split(",")))
+    patterns = args.cases.split(",")
     cases = [
         c
         for c in all_cases(args.quick, args.fp8_all, workloads)
-        if fnmatch.fnmatch(c.name, args.cases)
+        if any(fnmatch.fnmatch(c.name, pattern) for pattern in patterns)
     ]
     plans = []
     if "PLAN" in workloads:
-        plans = [p for p in plan_cases(args.quick) if fnmatch.fnmatch(p[0], args.cases)]
+        plans = [
+            p
+            for p in plan_cases(args.quick)
+            if any(fnmatch.fnmatch(p[0], pattern) for pattern in patterns)
+        ]
     if not cases and not plans:
         print(f"benchmark_hpc_decode: no case matches {args.cases!r}")
         return 1
