@@ -16,7 +16,7 @@
 namespace hpc {
 namespace decode {
 
-constexpr int kPiecesInFlight = 16;
+constexpr int kMaxRows = 64;  // query tokens x GQA ratio of one unit
 
 __device__ __forceinline__ void store4(uint16_t* out, ElemType type, float4 v) {
   uint32_t lo, hi;
@@ -46,73 +46,115 @@ __device__ __forceinline__ uint16_t* output_row(const DecodeParams& p, int unit,
          static_cast<int64_t>(head) * p.out_head_stride;
 }
 
-// One warp merges row `row` of a unit split into `pieces` pieces whose
-// partial rows start at `first`. Lanes read 32 pieces' LSEs at a time and
-// broadcast the weights, and keep kPiecesInFlight partial-row loads in
-// flight. Partials are read through L2 (they were written by other CTAs).
-__device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
-                                                int first, int pieces, int row,
-                                                int head_dim, int lane) {
-  const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
-  // Running max and sum of 2^lse over the lane's pieces, then over the warp.
-  float m = -INFINITY, sum = 0.f;
-  for (int i = lane; i < pieces; i += 32) {
-    const float x = __ldcg(lse + static_cast<int64_t>(i) * p.rows);
-    const float m_new = fmaxf(m, x);
-    if (m_new != -INFINITY) sum = sum * exp2f(m - m_new) + exp2f(x - m_new);
-    m = m_new;
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float m_other = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float s_other = __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float m_new = fmaxf(m, m_other);
-    if (m_new != -INFINITY) {
-      sum = sum * exp2f(m - m_new) + s_other * exp2f(m_other - m_new);
-    }
-    m = m_new;
-  }
-  const float ref = m == -INFINITY ? 0.f : m;
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-
-  uint16_t* out = output_row(p, unit, row);
+// Sums the weighted partial rows for kElems (row, 4-channel) elements per
+// thread, kPieces pieces per batch: all kElems x kPieces loads of a batch
+// are issued before the first use, so each thread keeps that many in flight.
+template <int kElems, int kPieces, int kThreads>
+__device__ __forceinline__ void merge_elements(const DecodeParams& p, int unit,
+                                               int first, int pieces,
+                                               int head_dim,
+                                               const float* row_ref,
+                                               const float* row_inv) {
   const int quads = head_dim / 4;
-  for (int q0 = 0; q0 < quads; q0 += 32) {
-    const int quad = q0 + lane;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int c = 0; c < pieces; c += 32) {
-      const float w_lane =
-          c + lane < pieces
-              ? exp2f(__ldcg(lse + static_cast<int64_t>(c + lane) * p.rows) -
-                      ref) *
-                    inv
-              : 0.f;
-      const int n = min(32, pieces - c);
-      for (int k0 = 0; k0 < n; k0 += kPiecesInFlight) {
-        // Issue all loads of the batch before the first use.
-        float4 v[kPiecesInFlight];
+  const int elems = p.rows * quads;
+  const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows;
+  const float* partial =
+      p.partial_out + static_cast<int64_t>(first) * p.rows * head_dim;
+  const int64_t piece_stride = static_cast<int64_t>(p.rows) * head_dim;
+  for (int e0 = threadIdx.x; e0 < elems; e0 += kThreads * kElems) {
+    int row[kElems], quad[kElems];
+    float4 acc[kElems];
 #pragma unroll
-        for (int k = 0; k < kPiecesInFlight; ++k) {
-          v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (k0 + k < n && quad < quads) {
-            v[k] = __ldcg(reinterpret_cast<const float4*>(
-                p.partial_out +
-                (static_cast<int64_t>(first + c + k0 + k) * p.rows + row) *
-                    head_dim +
-                4 * quad));
-          }
+    for (int k = 0; k < kElems; ++k) {
+      const int e = min(e0 + k * kThreads, elems - 1);
+      row[k] = e / quads;
+      quad[k] = e % quads;
+      acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    for (int i0 = 0; i0 < pieces; i0 += kPieces) {
+      float4 v[kElems][kPieces];
+      float x[kElems][kPieces];
+#pragma unroll
+      for (int k = 0; k < kElems; ++k) {
+#pragma unroll
+        for (int j = 0; j < kPieces; ++j) {
+          const int i = min(i0 + j, pieces - 1);
+          x[k][j] =
+              i0 + j < pieces
+                  ? __ldcg(lse + static_cast<int64_t>(i) * p.rows + row[k])
+                  : -INFINITY;
+          v[k][j] = __ldcg(reinterpret_cast<const float4*>(
+              partial + i * piece_stride +
+              static_cast<int64_t>(row[k]) * head_dim + 4 * quad[k]));
         }
+      }
 #pragma unroll
-        for (int k = 0; k < kPiecesInFlight; ++k) {
-          const float w = __shfl_sync(0xffffffffu, w_lane, (k0 + k) & 31);
-          acc.x += w * v[k].x;
-          acc.y += w * v[k].y;
-          acc.z += w * v[k].z;
-          acc.w += w * v[k].w;
+      for (int k = 0; k < kElems; ++k) {
+#pragma unroll
+        for (int j = 0; j < kPieces; ++j) {
+          const float w = exp2f(x[k][j] - row_ref[row[k]]) * row_inv[row[k]];
+          acc[k].x += w * v[k][j].x;
+          acc[k].y += w * v[k][j].y;
+          acc[k].z += w * v[k][j].z;
+          acc[k].w += w * v[k][j].w;
         }
       }
     }
-    if (quad < quads) store4(out + 4 * quad, p.out_type, acc);
+#pragma unroll
+    for (int k = 0; k < kElems; ++k) {
+      if (e0 + k * kThreads < elems) {
+        store4(output_row(p, unit, row[k]) + 4 * quad[k], p.out_type, acc[k]);
+      }
+    }
+  }
+}
+
+// kThreads threads merge a unit split into `pieces` pieces whose partial
+// rows start at `first`. First every row's max and sum of 2^lse (one thread
+// per row), then the weighted sum, element-parallel; each element is summed
+// in piece order. Partials are read through L2 (other CTAs wrote them).
+// `row_stats` is shared memory for 2 x rows floats; `barrier` a named
+// barrier of the kThreads threads.
+template <int kThreads>
+__device__ __forceinline__ void merge_split_unit(const DecodeParams& p,
+                                                 int unit, int first,
+                                                 int pieces, int head_dim,
+                                                 float* row_stats,
+                                                 int barrier) {
+  constexpr int kBatch = 8;
+  const int row = threadIdx.x;
+  if (row < p.rows) {
+    const float* lse =
+        p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
+    float m = -INFINITY, sum = 0.f;
+    for (int i0 = 0; i0 < pieces; i0 += kBatch) {
+      float x[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        x[j] = i0 + j < pieces
+                   ? __ldcg(lse + static_cast<int64_t>(i0 + j) * p.rows)
+                   : -INFINITY;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const float m_new = fmaxf(m, x[j]);
+        if (m_new != -INFINITY) {
+          sum = sum * exp2f(m - m_new) + exp2f(x[j] - m_new);
+        }
+        m = m_new;
+      }
+    }
+    row_stats[row] = m == -INFINITY ? 0.f : m;
+    row_stats[kMaxRows + row] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(kThreads) : "memory");
+  // Few elements per thread (few rows): go deep in pieces; many: go wide.
+  if (p.rows * (head_dim / 4) <= 2 * kThreads) {
+    merge_elements<2, 8, kThreads>(p, unit, first, pieces, head_dim, row_stats,
+                                   row_stats + kMaxRows);
+  } else {
+    merge_elements<4, 4, kThreads>(p, unit, first, pieces, head_dim, row_stats,
+                                   row_stats + kMaxRows);
   }
 }
 

@@ -49,7 +49,6 @@ namespace decode {
 
 constexpr int kConsumerWarps = 4;
 constexpr int kDecodeThreads = (kConsumerWarps + 1) * 32;
-constexpr int kMaxRows = 64;
 // Named barrier of the consumer warps (0 is __syncthreads, 1..4 the token
 // group merges).
 constexpr int kCombineBarrier = 5;
@@ -576,7 +575,8 @@ __device__ void store_row(const DecodeParams& p, const WorkItem& item,
 // Called by all consumer warps.
 __device__ __forceinline__ void combine_if_last(const DecodeParams& p,
                                                 const WorkItem& item,
-                                                int head_dim, int* last_piece) {
+                                                int head_dim, int* last_piece,
+                                                float* row_stats) {
   constexpr int kThreads = kConsumerWarps * 32;
   __threadfence();
   named_barrier_sync(kCombineBarrier, kThreads);
@@ -586,11 +586,8 @@ __device__ __forceinline__ void combine_if_last(const DecodeParams& p,
   named_barrier_sync(kCombineBarrier, kThreads);
   if (*last_piece) {
     __threadfence();
-    const int warp = threadIdx.x / 32;
-    for (int row = warp; row < p.rows; row += kConsumerWarps) {
-      merge_split_row(p, item.unit, item.first_partial, item.pieces, row,
-                      head_dim, threadIdx.x % 32);
-    }
+    merge_split_unit<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                               head_dim, row_stats, kCombineBarrier);
     if (threadIdx.x == 0) p.piece_counters[item.unit] = 0;
   }
 }
@@ -615,7 +612,7 @@ template <int kHeadDim, typename KvT, int kTokenGroups, int kStages,
           int kMergeRegs>
 __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
                               uint64_t* full, uint64_t* empty, float* scratch,
-                              int* last_piece) {
+                              int* last_piece, float* row_stats) {
   constexpr int kKvBytes = sizeof(KvT);
   constexpr bool kBf16Mma = std::is_same_v<KvT, __nv_bfloat16>;
   using Layout = TileLayout<kHeadDim, kKvBytes>;
@@ -807,7 +804,9 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
           store_row<kHeadDim, kKvBytes>(p, item, st, i, rows[i], q4);
       }
     }
-    if (item.pieces > 1) combine_if_last(p, item, kHeadDim, last_piece);
+    if (item.pieces > 1) {
+      combine_if_last(p, item, kHeadDim, last_piece, row_stats);
+    }
   }
 }
 
@@ -832,6 +831,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
   __shared__ uint64_t full[kStages];
   __shared__ uint64_t empty[kStages];
   __shared__ int last_piece;
+  __shared__ float row_stats[2 * kMaxRows];
 
   const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
@@ -858,7 +858,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
                                                   full, empty);
   } else {
     consume_tiles<kHeadDim, KvT, kTokenGroups, kStages, Smem::kMergeRegs>(
-        p, stages, full, empty, scratch, &last_piece);
+        p, stages, full, empty, scratch, &last_piece, row_stats);
   }
 }
 
