@@ -17,6 +17,7 @@ namespace hpc {
 namespace decode {
 
 constexpr int kMaxRows = 64;  // query tokens x GQA ratio of one unit
+constexpr int kPiecesInFlight = 16;
 
 __device__ __forceinline__ void store4(uint16_t* out, ElemType type, float4 v) {
   uint32_t lo, hi;
@@ -44,6 +45,76 @@ __device__ __forceinline__ uint16_t* output_row(const DecodeParams& p, int unit,
   return static_cast<uint16_t*>(p.out) +
          static_cast<int64_t>(b * p.query_tokens + t) * p.out_token_stride +
          static_cast<int64_t>(head) * p.out_head_stride;
+}
+
+// One warp merges row `row` of a unit split into `pieces` pieces whose
+// partial rows start at `first`. Lanes read 32 pieces' LSEs at a time and
+// broadcast the weights, and keep kPiecesInFlight partial-row loads in
+// flight. Partials are read through L2 (they were written by other CTAs).
+__device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
+                                                int first, int pieces, int row,
+                                                int head_dim, int lane) {
+  const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
+  // Running max and sum of 2^lse over the lane's pieces, then over the warp.
+  float m = -INFINITY, sum = 0.f;
+  for (int i = lane; i < pieces; i += 32) {
+    const float x = __ldcg(lse + static_cast<int64_t>(i) * p.rows);
+    const float m_new = fmaxf(m, x);
+    if (m_new != -INFINITY) sum = sum * exp2f(m - m_new) + exp2f(x - m_new);
+    m = m_new;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const float m_other = __shfl_xor_sync(0xffffffffu, m, offset);
+    const float s_other = __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float m_new = fmaxf(m, m_other);
+    if (m_new != -INFINITY) {
+      sum = sum * exp2f(m - m_new) + s_other * exp2f(m_other - m_new);
+    }
+    m = m_new;
+  }
+  const float ref = m == -INFINITY ? 0.f : m;
+  const float inv = sum > 0.f ? 1.f / sum : 0.f;
+
+  uint16_t* out = output_row(p, unit, row);
+  const int quads = head_dim / 4;
+  for (int q0 = 0; q0 < quads; q0 += 32) {
+    const int quad = q0 + lane;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int c = 0; c < pieces; c += 32) {
+      const float w_lane =
+          c + lane < pieces
+              ? exp2f(__ldcg(lse + static_cast<int64_t>(c + lane) * p.rows) -
+                      ref) *
+                    inv
+              : 0.f;
+      const int n = min(32, pieces - c);
+      for (int k0 = 0; k0 < n; k0 += kPiecesInFlight) {
+        // Issue all loads of the batch before the first use.
+        float4 v[kPiecesInFlight];
+#pragma unroll
+        for (int k = 0; k < kPiecesInFlight; ++k) {
+          v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (k0 + k < n && quad < quads) {
+            v[k] = __ldcg(reinterpret_cast<const float4*>(
+                p.partial_out +
+                (static_cast<int64_t>(first + c + k0 + k) * p.rows + row) *
+                    head_dim +
+                4 * quad));
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kPiecesInFlight; ++k) {
+          const float w = __shfl_sync(0xffffffffu, w_lane, (k0 + k) & 31);
+          acc.x += w * v[k].x;
+          acc.y += w * v[k].y;
+          acc.z += w * v[k].z;
+          acc.w += w * v[k].w;
+        }
+      }
+    }
+    if (quad < quads) store4(out + 4 * quad, p.out_type, acc);
+  }
 }
 
 // Sums the weighted partial rows for kElems (row, 4-channel) elements per

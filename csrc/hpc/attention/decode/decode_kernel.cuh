@@ -49,6 +49,8 @@ namespace decode {
 
 constexpr int kConsumerWarps = 4;
 constexpr int kDecodeThreads = (kConsumerWarps + 1) * 32;
+// Split units with at most this many pieces are merged element-parallel.
+constexpr int kFewPieces = 16;
 // Named barrier of the consumer warps (0 is __syncthreads, 1..4 the token
 // group merges).
 constexpr int kCombineBarrier = 5;
@@ -586,8 +588,18 @@ __device__ __forceinline__ void combine_if_last(const DecodeParams& p,
   named_barrier_sync(kCombineBarrier, kThreads);
   if (*last_piece) {
     __threadfence();
-    merge_split_unit<kThreads>(p, item.unit, item.first_partial, item.pieces,
-                               head_dim, row_stats, kCombineBarrier);
+    if (item.pieces <= kFewPieces) {
+      // Few pieces: every thread takes (row, channel) elements of all rows.
+      merge_split_unit<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                                 head_dim, row_stats, kCombineBarrier);
+    } else {
+      // Many pieces: a warp per row, 32 pieces' weights per LSE load.
+      const int warp = threadIdx.x / 32;
+      for (int row = warp; row < p.rows; row += kConsumerWarps) {
+        merge_split_row(p, item.unit, item.first_partial, item.pieces, row,
+                        head_dim, threadIdx.x % 32);
+      }
+    }
     if (threadIdx.x == 0) p.piece_counters[item.unit] = 0;
   }
 }
