@@ -27,6 +27,7 @@ bench:
 	@$(MAKE) --no-print-directory venv
 	@$(VPY) benchmarks/kernels/check_hopper.py
 	@$(MAKE) --no-print-directory build-venv apply
+	$(VPY) benchmarks/kernels/benchmark_hpc_decode.py $(BENCH_ARGS)
 	$(VPY) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
 	$(VPY) benchmarks/render_results.py
 
@@ -54,6 +55,7 @@ check:
 gpu-test:
 	$(MAKE) --no-print-directory build
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest tests/kernels -q -m gpu $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_hpc_decode.py $(BENCH_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
 	$(PYTHON) benchmarks/render_results.py
 
