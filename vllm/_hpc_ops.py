@@ -138,6 +138,42 @@ def _check_contiguous(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
+def _check_cache_pair(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    dtypes: tuple[torch.dtype, ...],
+) -> tuple[int, int, int]:
+    """Shapes and dtypes of a K/V cache pair given as
+    [num_blocks, block_size, num_kv_heads, head_size] views; returns
+    (block_size, num_kv_heads, head_size)."""
+    layout = "[num_blocks, block_size, num_kv_heads, head_size]"
+    _check_ndim("key_cache", key_cache, 4, layout)
+    _check_ndim("value_cache", value_cache, 4, layout)
+    if key_cache.shape != value_cache.shape:
+        raise ValueError(
+            f"key_cache shape {tuple(key_cache.shape)} and value_cache shape "
+            f"{tuple(value_cache.shape)} must match"
+        )
+    _, block_size, num_kv_heads, head_size = key_cache.shape
+    if head_size not in SUPPORTED_HEAD_SIZES:
+        raise ValueError(
+            f"head_size (key_cache.shape[-1]) is {head_size}; accepted: "
+            f"{SUPPORTED_HEAD_SIZES}"
+        )
+    if block_size not in SUPPORTED_BLOCK_SIZES:
+        raise ValueError(
+            f"block_size (key_cache.shape[1]) is {block_size}; accepted: "
+            f"{SUPPORTED_BLOCK_SIZES}"
+        )
+    _check_dtype("key_cache", key_cache, dtypes)
+    if value_cache.dtype != key_cache.dtype:
+        raise ValueError(
+            f"value_cache dtype {value_cache.dtype} must equal key_cache dtype "
+            f"{key_cache.dtype}"
+        )
+    return block_size, num_kv_heads, head_size
+
+
 # ---------------------------------------------------------------------------
 # rope_norm_store_kv: fused QK-RMSNorm + RoPE + KV-cache write (+ FP8 quant)
 # ---------------------------------------------------------------------------
@@ -177,33 +213,9 @@ def _validate_rope_norm(
     device = qkv.device
     num_tokens = qkv.shape[0]
 
-    _check_ndim("key_cache", key_cache, 4, "[num_blocks, block_size, Hkv, head_size]")
-    _check_ndim(
-        "value_cache", value_cache, 4, "[num_blocks, block_size, Hkv, head_size]"
+    block_size, num_kv_heads, head_size = _check_cache_pair(
+        key_cache, value_cache, (*_ACTIVATION_DTYPES, torch.float8_e4m3fn)
     )
-    if key_cache.shape != value_cache.shape:
-        raise ValueError(
-            f"key_cache shape {tuple(key_cache.shape)} and value_cache shape "
-            f"{tuple(value_cache.shape)} must match"
-        )
-    _, block_size, num_kv_heads, head_size = key_cache.shape
-    if head_size not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(
-            f"head_size (key_cache.shape[-1]) is {head_size}; accepted: "
-            f"{SUPPORTED_HEAD_SIZES}"
-        )
-    if block_size not in SUPPORTED_BLOCK_SIZES:
-        raise ValueError(
-            f"block_size (key_cache.shape[1]) is {block_size}; accepted: "
-            f"{SUPPORTED_BLOCK_SIZES}"
-        )
-    cache_dtypes = (*_ACTIVATION_DTYPES, torch.float8_e4m3fn)
-    _check_dtype("key_cache", key_cache, cache_dtypes)
-    if value_cache.dtype != key_cache.dtype:
-        raise ValueError(
-            f"value_cache dtype {value_cache.dtype} must equal key_cache dtype "
-            f"{key_cache.dtype}"
-        )
     for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
         _check_device(name, t, device)
         if t.stride(-1) != 1:
@@ -845,31 +857,9 @@ def _validate_decode(
                 f"{name} is on {t.device}; expected the workspace's device "
                 f"{workspace.plan_buffer.device}"
             )
-    layout = "[num_blocks, block_size, num_kv_heads, head_size]"
-    _check_ndim("key_cache", key_cache, 4, layout)
-    _check_ndim("value_cache", value_cache, 4, layout)
-    if key_cache.shape != value_cache.shape:
-        raise ValueError(
-            f"key_cache shape {tuple(key_cache.shape)} and value_cache shape "
-            f"{tuple(value_cache.shape)} must match"
-        )
-    _check_dtype("key_cache", key_cache, _DECODE_KV_DTYPES)
-    if value_cache.dtype != key_cache.dtype:
-        raise ValueError(
-            f"value_cache has dtype {value_cache.dtype}; it must match key_cache "
-            f"({key_cache.dtype})"
-        )
-    _, block_size, num_kv_heads, head_size = key_cache.shape
-    if head_size not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(
-            f"head_size (key_cache.shape[-1]) is {head_size}; accepted: "
-            f"{SUPPORTED_HEAD_SIZES}"
-        )
-    if block_size not in SUPPORTED_BLOCK_SIZES:
-        raise ValueError(
-            f"block_size (key_cache.shape[1]) is {block_size}; accepted: "
-            f"{SUPPORTED_BLOCK_SIZES}"
-        )
+    block_size, num_kv_heads, head_size = _check_cache_pair(
+        key_cache, value_cache, _DECODE_KV_DTYPES
+    )
     kv_bytes = key_cache.element_size()
     for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
         if cache.stride(3) != 1:

@@ -310,18 +310,10 @@ def make_input_set(case: Case, seed: int) -> InputSet:
 Impl = Callable[[InputSet], torch.Tensor]
 
 
-def create_workspace(hpc_ops: ModuleType, **kwargs: Any) -> Any:
-    """``DecodeWorkspace.create``, leaving out arguments this build lacks."""
-    params = inspect.signature(hpc_ops.DecodeWorkspace.create).parameters
-    kwargs = {k: v for k, v in kwargs.items() if k in params}
-    return hpc_ops.DecodeWorkspace.create(**kwargs)
-
-
 def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, mode: Any) -> Impl:
     hq, hkv = case.heads
     q_tokens = case.query_tokens
-    ws = create_workspace(
-        hpc_ops,
+    ws = hpc_ops.DecodeWorkspace.create(
         max_batch=case.batch,
         num_q_heads=hq,
         num_kv_heads=hkv,
@@ -898,8 +890,7 @@ def bench_plan(
     pool = torch.cuda.graph_pool_handle()
     for impl, mode in modes.items():
         try:
-            ws = create_workspace(
-                hpc_ops,
+            ws = hpc_ops.DecodeWorkspace.create(
                 max_batch=case.batch,
                 num_q_heads=hq,
                 num_kv_heads=hkv,

@@ -148,7 +148,7 @@ BAD_CASES = {
     ),
     "cache-dtype-mismatch": (
         _with(value_cache=_cache(dtype=torch.float16)),
-        "value_cache has dtype",
+        "value_cache dtype",
     ),
     "cache-shape-mismatch": (
         _with(value_cache=_cache((BLOCKS, BS, HKV * 2, D))),
