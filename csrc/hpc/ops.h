@@ -44,4 +44,23 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
 // Persistent decode CTAs per SM for a head size and KV element size.
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
 
+// Fused FP8 MoE (route, gate-up GEMM + SiLU-and-mul + quant, down GEMM,
+// top-k reduce) into `out`, using `workspace` (moe_workspace_bytes).
+void fused_moe_fp8(const at::Tensor& hidden_states,
+                   const std::optional<at::Tensor>& a1_scale,
+                   const at::Tensor& w13, const at::Tensor& w13_scale,
+                   const at::Tensor& w2, const at::Tensor& w2_scale,
+                   const std::optional<at::Tensor>& a2_scale,
+                   const at::Tensor& topk_weights, const at::Tensor& topk_ids,
+                   const std::optional<at::Tensor>& expert_map,
+                   const std::optional<at::Tensor>& shared_output,
+                   at::Tensor& out, at::Tensor& workspace,
+                   int64_t expert_offset, bool block_wise,
+                   bool apply_router_weight_on_input);
+
+// Workspace bytes of fused_moe_fp8 for up to `max_tokens` tokens.
+int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,
+                            int64_t num_local_experts, int64_t hidden_size,
+                            int64_t intermediate_size);
+
 }  // namespace hpc

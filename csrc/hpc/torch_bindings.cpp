@@ -28,12 +28,24 @@ TORCH_LIBRARY(_hpc_C, m) {
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
   m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",
         &hpc::decode_ctas_per_sm);
+  m.def(
+      "fused_moe_fp8(Tensor hidden_states, Tensor? a1_scale, Tensor w13, "
+      "Tensor w13_scale, Tensor w2, Tensor w2_scale, Tensor? a2_scale, "
+      "Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, "
+      "Tensor? shared_output, Tensor(a!) out, Tensor(b!) workspace, "
+      "int expert_offset, bool block_wise, "
+      "bool apply_router_weight_on_input) -> ()");
+  m.def(
+      "moe_workspace_bytes(int max_tokens, int topk, int num_local_experts, "
+      "int hidden_size, int intermediate_size) -> int",
+      &hpc::moe_workspace_bytes);
 }
 
 TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
   m.impl("rope_norm_store_kv", &hpc::rope_norm_store_kv);
   m.impl("plan_decode", &hpc::plan_decode);
   m.impl("decode_attention", &hpc::decode_attention);
+  m.impl("fused_moe_fp8", &hpc::fused_moe_fp8);
 }
 
 TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) { m.impl("plan_decode", &hpc::plan_decode); }

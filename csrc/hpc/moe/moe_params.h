@@ -1,0 +1,132 @@
+// Parameters and workspace layout of the fused FP8 MoE pipeline
+// (moe_kernels.cuh). Plain data: no torch, no device code beyond
+// __host__ __device__ helpers.
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define HPC_MOE_HD __host__ __device__ __forceinline__
+#else
+#define HPC_MOE_HD inline
+#endif
+
+namespace hpc {
+namespace moe {
+
+constexpr int kScaleBlock =
+    128;  // block-wise scales: 128 x 128 weights, 1 x 128 activations
+constexpr int kTileM = 64;  // rows (token, expert pairs) per GEMM tile
+
+// Where each array lives in the flat workspace, for up to `max_tokens`
+// tokens routed to `topk` experts each.
+struct MoeWorkspaceLayout {
+  int64_t max_tokens;
+  int topk;
+  int num_experts;  // local experts
+  int hidden;       // H
+  int inter;        // I
+
+  HPC_MOE_HD int64_t max_rows() const { return max_tokens * topk; }
+  // Tiles of kTileM rows over all experts, at most.
+  HPC_MOE_HD int64_t max_tiles() const {
+    return (max_rows() + kTileM - 1) / kTileM + num_experts;
+  }
+  static HPC_MOE_HD int64_t align(int64_t bytes) {
+    return (bytes + 255) / 256 * 256;
+  }
+
+  // int32 [num_experts + 1]: first sorted row of each expert.
+  HPC_MOE_HD int64_t expert_offset() const { return 0; }
+  // int32 [num_experts + 1]: first GEMM tile of each expert.
+  HPC_MOE_HD int64_t tile_offset() const {
+    return expert_offset() + align(4 * (num_experts + 1));
+  }
+  // int32 [max_rows]: sorted row -> slot (token * topk + j).
+  HPC_MOE_HD int64_t row_slot() const {
+    return tile_offset() + align(4 * (num_experts + 1));
+  }
+  // int32 [max_rows]: slot -> sorted row, -1 if the expert is not local.
+  HPC_MOE_HD int64_t slot_row() const {
+    return row_slot() + align(4 * max_rows());
+  }
+  // fp8 [max_tokens, H]: the quantized input (16-bit inputs only).
+  HPC_MOE_HD int64_t input_q() const {
+    return slot_row() + align(4 * max_rows());
+  }
+  // float [max_tokens, H / 128]: its scales (dynamic quantization only).
+  HPC_MOE_HD int64_t input_scale() const {
+    return input_q() + align(max_tokens * hidden);
+  }
+  // fp8 [max_rows, I]: SiLU(gate) * up, quantized.
+  HPC_MOE_HD int64_t inter_q() const {
+    return input_scale() + align(4 * max_tokens * (hidden / kScaleBlock));
+  }
+  // float [max_rows, I / 128]: its 1 x 128 scales (block-wise only).
+  HPC_MOE_HD int64_t inter_scale() const {
+    return inter_q() + align(max_rows() * inter);
+  }
+  // 16-bit [max_rows, H]: each routed row's down-projection output.
+  HPC_MOE_HD int64_t down_rows() const {
+    return inter_scale() +
+           align(4 * max_rows() * ((inter + kScaleBlock - 1) / kScaleBlock));
+  }
+  HPC_MOE_HD int64_t bytes() const {
+    return down_rows() + align(2 * max_rows() * hidden);
+  }
+};
+
+enum class MoeDtype : int { kBf16 = 0, kFp16 = 1, kFp8E4m3 = 2 };
+
+// A float scale indexed by (row, k-block) for activations or by
+// (expert, n-block, k-block) for weights; stride 0 broadcasts (per-tensor).
+struct ScaleView {
+  const float* ptr;
+  int64_t s0;
+  int64_t s1;
+  int64_t s2;
+  HPC_MOE_HD float at(int64_t i0, int64_t i1, int64_t i2 = 0) const {
+    return ptr[i0 * s0 + i1 * s1 + i2 * s2];
+  }
+};
+
+struct MoeParams {
+  int num_tokens;  // M
+  int topk;
+  int num_experts;  // local
+  int hidden;       // H
+  int inter;        // I
+  bool block_wise;
+
+  // Input [M, H]: 16-bit (quantized by the pipeline) or FP8.
+  const void* input;
+  int64_t input_stride;  // elements
+  MoeDtype input_type;
+  const float* a1_scale;    // static per-tensor scale, or FP8 input's scales
+  int64_t a1_scale_stride;  // [M, H/128] FP8 block-wise input: row stride
+
+  const uint8_t* w13;   // [E, 2I, H]
+  ScaleView w13_scale;  // (expert, n-block, k-block)
+  const uint8_t* w2;    // [E, H, I]
+  ScaleView w2_scale;
+  const float* a2_scale;  // static per-tensor intermediate scale
+
+  const float* topk_weights;  // [M, topk]
+  const void* topk_ids;       // [M, topk], global ids
+  bool topk_ids_int64;
+  const int32_t* expert_map;  // [global E] -> local or -1; null: offset
+  int expert_offset;
+  bool router_weight_on_input;
+
+  const void* shared_output;  // [M, H] or null
+  int64_t shared_stride;
+  void* out;  // [M, H]
+  int64_t out_stride;
+  MoeDtype out_type;
+
+  uint8_t* workspace;
+  MoeWorkspaceLayout layout;
+};
+
+}  // namespace moe
+}  // namespace hpc
