@@ -196,9 +196,13 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     if (lane == 0) scale[0] = s;
     inv_token = 1.f / s;
   }
-  for (int c = lane * 8; c < p.hidden; c += 256) {
-    float v[8];
-    load8(row + c, v);
+  // Whole chunks per iteration so that every lane takes part in the group
+  // shuffles (H % 128 == 0: a 16-lane group is all in or all out).
+  for (int base = 0; base < p.hidden; base += 256) {
+    const int c = base + lane * 8;
+    const bool active = c < p.hidden;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (active) load8(row + c, v);
     float inv = per_token ? inv_token : inv_static;
     if (p.block_wise) {
       float amax = 0.f;
@@ -209,10 +213,10 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       }
       const float s = amax > 0.f ? amax / kFp8Max : 1.f;
-      if (lane % 16 == 0) scale[c / kScaleBlock] = s;
+      if (active && lane % 16 == 0) scale[c / kScaleBlock] = s;
       inv = 1.f / s;
     }
-    store8_fp8(q + c, v, inv);
+    if (active) store8_fp8(q + c, v, inv);
   }
 }
 
