@@ -25,12 +25,16 @@ __all__ = [
     "DECODE_TILE_TOKENS",
     "DecodePlan",
     "DecodeWorkspace",
+    "MOE_BLOCK_SHAPE",
+    "MOE_MAX_TOPK",
+    "MoeWorkspace",
     "SplitMode",
     "QkNormPolicy",
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
     "decode_attention",
     "decode_plan_size",
+    "fused_moe_fp8",
     "hpc_ops_available",
     "plan_decode_host",
     "rope_norm_store_kv",
@@ -1038,6 +1042,458 @@ def decode_attention(
     )
 
 
+# ---------------------------------------------------------------------------
+# Fused FP8 MoE: routing, quantization, two grouped GEMMs, SiLU-and-mul and
+# the weighted top-k reduction
+# ---------------------------------------------------------------------------
+
+MOE_BLOCK_SHAPE = (128, 128)
+MOE_MAX_TOPK = 16
+# hidden_size must be a multiple of this; intermediate_size of
+# _MOE_INTERMEDIATE_ALIGN (per-tensor) or of the block (block-wise).
+_MOE_HIDDEN_ALIGN = 128
+_MOE_INTERMEDIATE_ALIGN = 64
+_MOE_FP8 = torch.float8_e4m3fn
+_MOE_HIDDEN_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+_MOE_TRACE_DEVICES = ("cuda", "meta")
+
+
+def _moe_op_built() -> bool:
+    return _LIBRARY_LOADED and hasattr(torch.ops._hpc_C, "fused_moe_fp8")
+
+
+def _require_moe_op() -> None:
+    _require_library()
+    if not _moe_op_built():
+        raise RuntimeError(
+            "vllm._hpc_C was built without the fused MoE kernels; rebuild it "
+            "with `make build` (see README.md)"
+        )
+
+
+def _check_moe_dims(hidden_size: int, intermediate_size: int, block_wise: bool) -> None:
+    if hidden_size < 1 or hidden_size % _MOE_HIDDEN_ALIGN:
+        raise ValueError(
+            f"hidden_size is {hidden_size}; accepted: a positive multiple of "
+            f"{_MOE_HIDDEN_ALIGN}"
+        )
+    align = MOE_BLOCK_SHAPE[0] if block_wise else _MOE_INTERMEDIATE_ALIGN
+    if intermediate_size < 1 or intermediate_size % align:
+        mode = "block-wise" if block_wise else "per-tensor"
+        raise ValueError(
+            f"intermediate_size is {intermediate_size}; accepted ({mode}): a "
+            f"positive multiple of {align}"
+        )
+
+
+def _check_topk(topk: int, name: str = "topk") -> None:
+    if not 1 <= topk <= MOE_MAX_TOPK:
+        raise ValueError(f"{name} is {topk}; accepted: 1..{MOE_MAX_TOPK}")
+
+
+@dataclasses.dataclass
+class MoeWorkspace:
+    """Scratch memory of :func:`fused_moe_fp8`: routing tables, the quantized
+    activations and the intermediate, sized once for the largest batch.
+
+    One workspace serves every MoE layer of a model with the same shapes
+    (calls on one stream run one after another). Nothing is allocated per
+    call, so the op is CUDA-graph capturable.
+    """
+
+    buffer: torch.Tensor  # uint8, flat, on the device
+    max_tokens: int
+    topk: int
+    num_local_experts: int
+    hidden_size: int
+    intermediate_size: int
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        max_tokens: int,
+        topk: int,
+        num_local_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        device: torch.device | str,
+    ) -> MoeWorkspace:
+        """Allocates a workspace for up to ``max_tokens`` tokens routed to
+        ``topk`` experts each, over ``num_local_experts`` experts of shape
+        ``hidden_size`` x ``intermediate_size`` (per rank)."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, got {device}")
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("num_local_experts", num_local_experts),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        _check_topk(topk)
+        # The per-tensor alignment is the weaker one; block-wise calls check
+        # theirs when they run.
+        _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
+        _require_moe_op()
+        nbytes = int(
+            torch.ops._hpc_C.moe_workspace_bytes(
+                max_tokens, topk, num_local_experts, hidden_size, intermediate_size
+            )
+        )
+        return cls(
+            buffer=torch.zeros(nbytes, dtype=torch.uint8, device=device),
+            max_tokens=max_tokens,
+            topk=topk,
+            num_local_experts=num_local_experts,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+        )
+
+
+def _check_rows(name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
+    """A [rows, cols] activation: unit column stride, rows that start on
+    16-byte boundaries (a row stride of 16 bytes' worth of elements: 8 for
+    16-bit, 16 for FP8) and do not overlap."""
+    _check_ndim(name, t, 2, "[num_tokens, hidden_size]")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} shape {tuple(t.shape)} must be {shape}")
+    rows, cols = shape
+    if t.stride(1) != 1:
+        raise ValueError(f"{name} must have a unit stride in dim 1, got {t.stride()}")
+    multiple = 16 // t.element_size()
+    if rows > 1 and (t.stride(0) % multiple or t.stride(0) < cols):
+        raise ValueError(
+            f"{name}.stride(0) is {t.stride(0)}; accepted: a multiple of "
+            f"{multiple} elements (16 bytes), at least hidden_size = {cols}"
+        )
+    _check_aligned(name, t)
+
+
+def _check_scale_scalar(name: str, t: torch.Tensor) -> None:
+    _check_tensor(name, t)
+    if t.dtype != torch.float32 or t.numel() != 1 or t.dim() > 1:
+        raise ValueError(
+            f"{name} must be a float32 tensor with one element (0-d or [1]), got "
+            f"shape {tuple(t.shape)} dtype {t.dtype}"
+        )
+
+
+def _check_scale_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> None:
+    _check_tensor(name, t)
+    _check_dtype(name, t, (torch.float32,))
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} shape {tuple(t.shape)} must be {shape}")
+    _check_contiguous(name, t)
+
+
+def _validate_moe(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    workspace: MoeWorkspace,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    a1_scale: torch.Tensor | None,
+    a2_scale: torch.Tensor | None,
+    block_shape: tuple[int, int] | list[int] | None,
+    expert_map: torch.Tensor | None,
+    expert_offset: int,
+    shared_output: torch.Tensor | None,
+    apply_router_weight_on_input: bool,
+) -> bool:
+    """Checks every argument of :func:`fused_moe_fp8`; returns whether the
+    call is block-wise."""
+    if not isinstance(workspace, MoeWorkspace):
+        raise ValueError(
+            f"workspace must be a MoeWorkspace, got {type(workspace).__name__}"
+        )
+    for name, t in (
+        ("hidden_states", hidden_states),
+        ("w13", w13),
+        ("w2", w2),
+        ("topk_weights", topk_weights),
+        ("topk_ids", topk_ids),
+        ("out", out),
+        ("w13_scale", w13_scale),
+        ("w2_scale", w2_scale),
+    ):
+        _check_tensor(name, t)
+
+    if block_shape is None:
+        block_wise = False
+    else:
+        try:
+            shape = tuple(int(b) for b in block_shape)
+        except (TypeError, ValueError):
+            shape = None
+        if shape != MOE_BLOCK_SHAPE:
+            raise ValueError(
+                f"block_shape is {block_shape!r}; accepted: None (per-tensor) or "
+                f"{MOE_BLOCK_SHAPE} (block-wise)"
+            )
+        block_wise = True
+
+    # Weights define E_local, H and I.
+    _check_ndim("w13", w13, 3, "[num_local_experts, 2 * intermediate_size, hidden]")
+    _check_ndim("w2", w2, 3, "[num_local_experts, hidden_size, intermediate_size]")
+    _check_dtype("w13", w13, (_MOE_FP8,))
+    _check_dtype("w2", w2, (_MOE_FP8,))
+    num_experts, two_i, hidden_size = w13.shape
+    if two_i % 2:
+        raise ValueError(
+            f"w13.shape[1] is {two_i}; expected 2 * intermediate_size (gate "
+            "rows, then up rows)"
+        )
+    inter = two_i // 2
+    if tuple(w2.shape) != (num_experts, hidden_size, inter):
+        raise ValueError(
+            f"w2 shape {tuple(w2.shape)} must be [num_local_experts, hidden_size, "
+            f"intermediate_size] = {(num_experts, hidden_size, inter)} to match w13"
+        )
+    if num_experts < 1:
+        raise ValueError("w13 has no experts; accepted: num_local_experts >= 1")
+    _check_moe_dims(hidden_size, inter, block_wise)
+    _check_contiguous("w13", w13)
+    _check_contiguous("w2", w2)
+
+    # Activations and routing.
+    _check_ndim("hidden_states", hidden_states, 2, "[num_tokens, hidden_size]")
+    _check_dtype("hidden_states", hidden_states, _MOE_HIDDEN_DTYPES)
+    num_tokens = hidden_states.shape[0]
+    _check_rows("hidden_states", hidden_states, (num_tokens, hidden_size))
+    _check_dtype("out", out, _ACTIVATION_DTYPES)
+    _check_rows("out", out, (num_tokens, hidden_size))
+    _check_ndim("topk_ids", topk_ids, 2, "[num_tokens, topk]")
+    _check_dtype("topk_ids", topk_ids, _INDEX_DTYPES)
+    topk = topk_ids.shape[1]
+    if topk_ids.shape[0] != num_tokens:
+        raise ValueError(
+            f"topk_ids shape {tuple(topk_ids.shape)} must be [num_tokens, topk] "
+            f"with num_tokens = {num_tokens}"
+        )
+    _check_topk(topk, "topk (topk_ids.shape[1])")
+    _check_contiguous("topk_ids", topk_ids)
+    _check_ndim("topk_weights", topk_weights, 2, "[num_tokens, topk]")
+    _check_dtype("topk_weights", topk_weights, (torch.float32,))
+    if topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights shape {tuple(topk_weights.shape)} must equal topk_ids "
+            f"shape {tuple(topk_ids.shape)}"
+        )
+    _check_contiguous("topk_weights", topk_weights)
+    if apply_router_weight_on_input and topk != 1:
+        raise ValueError(
+            f"apply_router_weight_on_input needs topk == 1, got topk = {topk}"
+        )
+    if shared_output is not None:
+        _check_tensor("shared_output", shared_output)
+        if shared_output.dtype != out.dtype:
+            raise ValueError(
+                f"shared_output dtype {shared_output.dtype} must equal out dtype "
+                f"{out.dtype}"
+            )
+        _check_rows("shared_output", shared_output, (num_tokens, hidden_size))
+
+    # Scales.
+    fp8_input = hidden_states.dtype == _MOE_FP8
+    h_blocks = hidden_size // MOE_BLOCK_SHAPE[1]
+    if block_wise:
+        i_blocks = inter // MOE_BLOCK_SHAPE[0]
+        _check_scale_shape(
+            "w13_scale", w13_scale, (num_experts, 2 * i_blocks, h_blocks)
+        )
+        _check_scale_shape("w2_scale", w2_scale, (num_experts, h_blocks, i_blocks))
+        if fp8_input:
+            if a1_scale is None:
+                raise ValueError(
+                    "a1_scale is required with float8_e4m3fn hidden_states: "
+                    f"float32 [num_tokens, hidden_size / 128] = "
+                    f"{(num_tokens, h_blocks)}"
+                )
+            _check_scale_shape("a1_scale", a1_scale, (num_tokens, h_blocks))
+        elif a1_scale is not None:
+            raise ValueError(
+                "a1_scale must be None with 16-bit hidden_states in block-wise "
+                "mode (they are quantized per 1x128 group inside)"
+            )
+        if a2_scale is not None:
+            raise ValueError(
+                "a2_scale must be None in block-wise mode (the intermediate is "
+                "quantized per 1x128 group inside)"
+            )
+    else:
+        _check_scale_shape("w13_scale", w13_scale, (num_experts,))
+        _check_scale_shape("w2_scale", w2_scale, (num_experts,))
+        if a1_scale is not None:
+            _check_scale_scalar("a1_scale", a1_scale)
+        elif fp8_input:
+            raise ValueError(
+                "a1_scale is required with float8_e4m3fn hidden_states: a float32 "
+                "tensor with one element"
+            )
+        if a2_scale is None:
+            raise ValueError(
+                "a2_scale is required in per-tensor mode: a float32 tensor with "
+                "one element (the static scale of the intermediate)"
+            )
+        _check_scale_scalar("a2_scale", a2_scale)
+
+    # Expert placement.
+    if expert_map is not None:
+        _check_tensor("expert_map", expert_map)
+        _check_ndim("expert_map", expert_map, 1, "[global_num_experts]")
+        _check_dtype("expert_map", expert_map, (torch.int32,))
+        _check_contiguous("expert_map", expert_map)
+        if expert_offset != 0:
+            raise ValueError(
+                f"expert_offset is {expert_offset}; it must be 0 when expert_map "
+                "is given (the map alone places the experts)"
+            )
+    elif expert_offset < 0:
+        raise ValueError(f"expert_offset is {expert_offset}; accepted: >= 0")
+
+    # The workspace.
+    if (
+        num_tokens > workspace.max_tokens
+        or topk != workspace.topk
+        or num_experts != workspace.num_local_experts
+        or hidden_size != workspace.hidden_size
+        or inter != workspace.intermediate_size
+    ):
+        raise ValueError(
+            f"workspace was sized for max_tokens={workspace.max_tokens}, "
+            f"topk={workspace.topk}, num_local_experts="
+            f"{workspace.num_local_experts}, hidden_size={workspace.hidden_size}, "
+            f"intermediate_size={workspace.intermediate_size}; got num_tokens="
+            f"{num_tokens}, topk={topk}, num_local_experts={num_experts}, "
+            f"hidden_size={hidden_size}, intermediate_size={inter}"
+        )
+    _check_tensor("workspace.buffer", workspace.buffer)
+    _check_dtype("workspace.buffer", workspace.buffer, (torch.uint8,))
+    _check_ndim("workspace.buffer", workspace.buffer, 1, "[bytes]")
+
+    # One CUDA device (meta while tracing).
+    device = workspace.buffer.device
+    if device.type not in _MOE_TRACE_DEVICES:
+        raise ValueError(f"workspace.buffer is on {device}; expected a CUDA device")
+    for name, t in (
+        ("hidden_states", hidden_states),
+        ("w13", w13),
+        ("w2", w2),
+        ("topk_weights", topk_weights),
+        ("topk_ids", topk_ids),
+        ("out", out),
+        ("w13_scale", w13_scale),
+        ("w2_scale", w2_scale),
+        ("a1_scale", a1_scale),
+        ("a2_scale", a2_scale),
+        ("expert_map", expert_map),
+        ("shared_output", shared_output),
+    ):
+        if t is not None and t.device != device:
+            raise ValueError(
+                f"{name} is on {t.device}; expected the workspace's device {device}"
+            )
+    return block_wise
+
+
+def fused_moe_fp8(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    workspace: MoeWorkspace,
+    *,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    a1_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
+    block_shape: tuple[int, int] | list[int] | None = None,
+    expert_map: torch.Tensor | None = None,
+    expert_offset: int = 0,
+    shared_output: torch.Tensor | None = None,
+    apply_router_weight_on_input: bool = False,
+) -> None:
+    """FP8 mixture of experts with SiLU-and-mul, in place into ``out``.
+
+    For each token ``t`` and each of its ``k`` choices ``j``, with
+    ``e = local(topk_ids[t, j])`` (skipped when not on this rank)::
+
+        g, u = split(W13[e] @ x_t)        # gate rows [0, I), up rows [I, 2I)
+        y = W2[e] @ fp8(silu(g) * u)
+        out[t] = sum_j topk_weights[t, j] * y (+ shared_output[t])
+
+    ``hidden_states``: ``[M, H]`` bf16/fp16, quantized to FP8 inside, or
+    float8_e4m3fn with ``a1_scale``. ``w13``: ``[E_local, 2I, H]`` and
+    ``w2``: ``[E_local, H, I]`` float8_e4m3fn. ``topk_ids``: ``[M, k]``
+    int32/int64 global expert ids; ``topk_weights``: ``[M, k]`` float32.
+    ``out``: ``[M, H]`` bf16/fp16, every row written (zeros, or
+    ``shared_output``, for tokens with no local expert).
+
+    Per-tensor mode (``block_shape`` None): ``w13_scale``/``w2_scale`` are
+    float32 ``[E_local]``; ``a1_scale`` is a one-element static scale, or None
+    to quantize 16-bit inputs per token (amax / 448); ``a2_scale`` (required)
+    is the static scale of the intermediate. Block-wise mode (``block_shape``
+    ``(128, 128)``): ``w13_scale`` ``[E_local, 2I/128, H/128]``, ``w2_scale``
+    ``[E_local, H/128, I/128]``; ``a1_scale`` None for 16-bit inputs
+    (quantized per 1x128 group inside) or ``[M, H/128]`` with FP8 inputs;
+    ``a2_scale`` None (the intermediate is quantized per 1x128 group).
+
+    ``expert_map``: int32 ``[global_E]``, global id -> local slot or -1.
+    Without it, local slot = id - ``expert_offset`` and ids outside
+    ``[0, E_local)`` are skipped. ``apply_router_weight_on_input``: the
+    weights were applied to the input already (``k`` must be 1); the kernel
+    uses 1.0.
+
+    No host synchronisation and no allocation: safe to capture in CUDA graphs.
+    """
+    block_wise = _validate_moe(
+        hidden_states,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        out,
+        workspace,
+        w13_scale,
+        w2_scale,
+        a1_scale,
+        a2_scale,
+        block_shape,
+        expert_map,
+        int(expert_offset),
+        shared_output,
+        bool(apply_router_weight_on_input),
+    )
+    _require_moe_op()
+    if hidden_states.shape[0] == 0:
+        return
+    torch.ops._hpc_C.fused_moe_fp8(
+        hidden_states,
+        a1_scale,
+        w13,
+        w13_scale,
+        w2,
+        w2_scale,
+        a2_scale,
+        topk_weights,
+        topk_ids,
+        expert_map,
+        shared_output,
+        out,
+        workspace.buffer,
+        int(expert_offset),
+        block_wise,
+        bool(apply_router_weight_on_input),
+    )
+
+
 if _LIBRARY_LOADED:
 
     @torch.library.register_fake("_hpc_C::plan_decode")
@@ -1100,3 +1556,27 @@ if _LIBRARY_LOADED:
     ) -> None:
         # All outputs are mutated in place; nothing is returned.
         return None
+
+    if hasattr(torch.ops._hpc_C, "fused_moe_fp8"):
+
+        @torch.library.register_fake("_hpc_C::fused_moe_fp8")
+        def _fused_moe_fp8_fake(
+            hidden_states: torch.Tensor,
+            a1_scale: torch.Tensor | None,
+            w13: torch.Tensor,
+            w13_scale: torch.Tensor,
+            w2: torch.Tensor,
+            w2_scale: torch.Tensor,
+            a2_scale: torch.Tensor | None,
+            topk_weights: torch.Tensor,
+            topk_ids: torch.Tensor,
+            expert_map: torch.Tensor | None,
+            shared_output: torch.Tensor | None,
+            out: torch.Tensor,
+            workspace: torch.Tensor,
+            expert_offset: int,
+            block_wise: bool,
+            apply_router_weight_on_input: bool,
+        ) -> None:
+            # out and the workspace are mutated in place.
+            return None

@@ -89,10 +89,10 @@ def hpc_config(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def clean_has_hpc():
     hpc_utils.has_hpc.cache_clear()
-    hpc_utils.has_hpc_package.cache_clear()
+    hpc_utils.has_hpc_moe.cache_clear()
     yield
     hpc_utils.has_hpc.cache_clear()
-    hpc_utils.has_hpc_package.cache_clear()
+    hpc_utils.has_hpc_moe.cache_clear()
 
 
 class _RecordingLogger:
@@ -352,7 +352,7 @@ def test_support_checks_model_dtype(monkeypatch, model_dtype, kv_cache_dtype, ok
 
 
 # ---------------------------------------------------------------------------
-# has_hpc() and the MoE wrappers
+# has_hpc() (the MoE entry points are tested in test_hpc_moe_oracle.py)
 # ---------------------------------------------------------------------------
 
 
@@ -377,56 +377,7 @@ def test_has_hpc_ignores_external_package(clean_has_hpc, monkeypatch):
     monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
     monkeypatch.setitem(sys.modules, "hpc", None)
     assert hpc_utils.has_hpc() is True
-    assert hpc_utils.has_hpc_package() is False
-
-
-def _moe_args(n: int) -> list[torch.Tensor | int]:
-    return [torch.zeros(1) for _ in range(n - 2)] + [0, 4]
-
-
-def test_moe_wrappers_need_external_package(clean_has_hpc, monkeypatch):
-    monkeypatch.setitem(sys.modules, "hpc", None)
-    with pytest.raises(ImportError, match=r"hpc\.fuse_moe`.*not installed"):
-        hpc_utils.hpc_fuse_moe(*_moe_args(10))
-    with pytest.raises(ImportError, match=r"hpc\.fuse_moe_blockwise`"):
-        hpc_utils.hpc_fuse_moe_blockwise(*_moe_args(10))
-
-
-def test_moe_wrappers_missing_entry_point(clean_has_hpc, monkeypatch):
-    monkeypatch.setattr(hpc_utils, "has_hpc_package", lambda: True)
-    monkeypatch.setitem(sys.modules, "hpc", types.ModuleType("hpc"))
-    with pytest.raises(ImportError, match="does not provide"):
-        hpc_utils.hpc_fuse_moe(*_moe_args(10))
-
-
-def test_moe_wrappers_forward_arguments(clean_has_hpc, monkeypatch):
-    calls: dict[str, tuple] = {}
-    fake = types.ModuleType("hpc")
-
-    def fuse_moe(*args, **kwargs):
-        calls["fuse_moe"] = (args, kwargs)
-        return "moe"
-
-    def fuse_moe_blockwise(*args, **kwargs):
-        calls["fuse_moe_blockwise"] = (args, kwargs)
-        return "blockwise"
-
-    fake.fuse_moe = fuse_moe
-    fake.fuse_moe_blockwise = fuse_moe_blockwise
-    monkeypatch.setattr(hpc_utils, "has_hpc_package", lambda: True)
-    monkeypatch.setitem(sys.modules, "hpc", fake)
-
-    out = torch.empty(1)
-    args = _moe_args(10)
-    assert hpc_utils.hpc_fuse_moe(*args, use_bf16_mul=False, output=out) == "moe"
-    got, kw = calls["fuse_moe"]
-    assert got[:10] == tuple(args) and got[10] is False and got[11] is None
-    assert kw == {"output": out}
-
-    assert hpc_utils.hpc_fuse_moe_blockwise(*args, shared_output=out) == "blockwise"
-    got, kw = calls["fuse_moe_blockwise"]
-    assert got[:10] == tuple(args) and got[10] is out
-    assert kw == {"output": None}
+    assert not hasattr(hpc_utils, "has_hpc_package")
 
 
 # ---------------------------------------------------------------------------

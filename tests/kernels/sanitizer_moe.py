@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Small fused FP8 MoE runs (routing, input quantization, both grouped
+GEMMs, the top-k reduction) for compute-sanitizer.
+
+Run from the repository root, for example::
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
+        --error-exitcode 1 python tests/kernels/sanitizer_moe.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 \\
+        python tests/kernels/sanitizer_moe.py
+    compute-sanitizer --tool synccheck --error-exitcode 1 \\
+        python tests/kernels/sanitizer_moe.py
+    compute-sanitizer --tool initcheck --error-exitcode 1 \\
+        python tests/kernels/sanitizer_moe.py
+
+(Without the caching allocator every tensor is its own allocation, so
+memcheck sees out-of-bounds accesses that would otherwise land in pooled
+memory.) ``out`` holds NaN before each run, and each case is checked
+against the float64 reference; the script exits 1 on a mismatch, or when no
+sm90 GPU or no ``_hpc_C`` library with the MoE op is present.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from moe_reference import (
+    FP8_DTYPE,
+    check_moe,
+    make_moe_inputs,
+    make_moe_weights,
+)
+from rope_norm_reference import import_hpc_ops
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# Small, but each exercises a different path. "weights" go to
+# make_moe_weights, "inputs" to make_moe_inputs; "spare" extra workspace
+# rows past the call's tokens.
+CASES: list[dict[str, object]] = [
+    # Per-tensor static scales, bf16 input quantized inside; I = 192 is not
+    # a multiple of 128 (a partial 128-column tile of GEMM 2's K); a
+    # scattered expert map and a shared output.
+    dict(
+        name="tensor-static-map-shared",
+        weights=dict(
+            num_experts=8, hidden_size=256, intermediate_size=192, block_wise=False
+        ),
+        inputs=dict(num_tokens=37, topk=2, ep="map", ep_size=2, shared_output=True),
+        spare=5,
+    ),
+    # Block-wise with FP8 input and [M, H/128] scales; a local range through
+    # expert_offset, int64 ids, rows padded past H.
+    dict(
+        name="block-fp8-range-padded",
+        weights=dict(
+            num_experts=4, hidden_size=512, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(
+            num_tokens=70,
+            topk=3,
+            hidden_dtype=FP8_DTYPE,
+            ep="range",
+            ep_size=2,
+            ep_rank=1,
+            ids_dtype=torch.int64,
+            row_pad=16,
+            shared_output=True,
+        ),
+        spare=0,
+    ),
+    # Per-token dynamic quantization of fp16 input, one expert per token
+    # with the router weight already applied, skewed routing.
+    dict(
+        name="tensor-dynamic-fp16-weight-on-input",
+        weights=dict(
+            num_experts=16, hidden_size=384, intermediate_size=128, block_wise=False
+        ),
+        inputs=dict(
+            num_tokens=5,
+            topk=1,
+            hidden_dtype=torch.float16,
+            static_a1=False,
+            routing="skewed",
+            apply_router_weight_on_input=True,
+        ),
+        spare=11,
+    ),
+]
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("sanitizer_moe: no CUDA GPU is available")
+        return 1
+    if torch.cuda.get_device_capability() != (9, 0):
+        name = torch.cuda.get_device_name()
+        print(f"sanitizer_moe: needs an sm90 GPU, not {name}")
+        return 1
+    hpc_ops = import_hpc_ops(REPO_ROOT)
+    if not hpc_ops.hpc_ops_available() or not hasattr(
+        torch.ops._hpc_C, "fused_moe_fp8"
+    ):
+        print("sanitizer_moe: the _hpc_C library with fused_moe_fp8 is not built")
+        return 1
+
+    failures = 0
+    for i, case in enumerate(CASES):
+        name = case["name"]
+        weights = make_moe_weights(
+            **case["weights"],  # type: ignore[arg-type]
+            seed=i,
+            device="cuda",
+        )
+        inputs_kwargs = dict(case["inputs"])  # type: ignore[call-overload]
+        num_tokens = inputs_kwargs.pop("num_tokens")
+        topk = inputs_kwargs.pop("topk")
+        inputs = make_moe_inputs(weights, num_tokens, topk, seed=i, **inputs_kwargs)
+        max_tokens = num_tokens + int(case["spare"])  # type: ignore[call-overload]
+        ws = hpc_ops.MoeWorkspace.create(**inputs.workspace_kwargs(max_tokens))
+        inputs.poison_out()
+        hpc_ops.fused_moe_fp8(*inputs.op_args(), ws, **inputs.op_kwargs())
+        torch.cuda.synchronize()
+        try:
+            stats = check_moe(
+                inputs.out,
+                inputs.reference(),
+                unrouted=inputs.unrouted(),
+                shared_output=inputs.shared_output,
+                what=str(name),
+            )
+        except AssertionError as err:
+            failures += 1
+            print(f"FAIL {name}: {err}")
+        else:
+            idle = int(inputs.unrouted().sum())
+            print(f"ok   {name}: {stats} (tokens with no local expert: {idle})")
+    if failures:
+        print(f"sanitizer_moe: {failures} of {len(CASES)} cases failed")
+        return 1
+    print(f"sanitizer_moe: all {len(CASES)} cases passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
