@@ -48,6 +48,13 @@ __device__ __forceinline__ void unpack8(const T* elems,
   for (int i = 0; i < kVecElems; ++i) dst[i] = to_float(elems[i]);
 }
 
+// Loads 8 16-bit elements (one 16-byte load) as floats.
+template <typename T>
+__device__ __forceinline__ void load8(const T* src, float (&dst)[kVecElems]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(src);
+  unpack8(reinterpret_cast<const T*>(&raw), dst);
+}
+
 template <typename T>
 __device__ __forceinline__ void store8(T* dst, const float (&src)[kVecElems]) {
   static_assert(sizeof(T) == 2, "store8 expects a 16-bit type");

@@ -27,12 +27,11 @@
 #include <type_traits>
 
 #include "common/pdl.cuh"
+#include "common/vec.cuh"
 #include "moe/moe_params.h"
 
 namespace hpc {
 namespace moe {
-
-constexpr float kFp8Max = 448.0f;
 
 __device__ __forceinline__ int local_expert(const MoeParams& p, int slot) {
   const int64_t id = p.topk_ids_int64
@@ -134,33 +133,6 @@ __global__ void __launch_bounds__(kRouteThreads)
 
 constexpr int kQuantWarps = 8;
 
-template <typename T>
-__device__ __forceinline__ void load8(const T* src, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(src);
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    if constexpr (sizeof(T) == 2 && std::is_same_v<T, __nv_bfloat16>) {
-      v[i] = __bfloat162float(e[i]);
-    } else {
-      v[i] = __half2float(e[i]);
-    }
-  }
-}
-
-__device__ __forceinline__ void store8_fp8(uint8_t* dst, const float (&v)[8],
-                                           float inv_scale) {
-  uint2 raw;
-  __nv_fp8x2_storage_t* pairs = reinterpret_cast<__nv_fp8x2_storage_t*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    pairs[i] = __nv_cvt_float2_to_fp8x2(
-        make_float2(v[2 * i] * inv_scale, v[2 * i + 1] * inv_scale),
-        __NV_SATFINITE, __NV_E4M3);
-  }
-  *reinterpret_cast<uint2*>(dst) = raw;
-}
-
 // One warp per token; a lane holds 8 channels of each 256-channel chunk, so
 // a 1 x 128 group is 16 lanes.
 template <typename T>
@@ -192,7 +164,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     for (int o = 16; o > 0; o /= 2) {
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     }
-    const float s = amax > 0.f ? amax / kFp8Max : 1.f;
+    const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
     if (lane == 0) scale[0] = s;
     inv_token = 1.f / s;
   }
@@ -212,7 +184,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
       for (int o = 8; o > 0; o /= 2) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       }
-      const float s = amax > 0.f ? amax / kFp8Max : 1.f;
+      const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
       if (active && lane % 16 == 0) scale[c / kScaleBlock] = s;
       inv = 1.f / s;
     }
@@ -305,7 +277,7 @@ __global__ void __launch_bounds__(kGemmThreads)
   const int K = kGateUp ? p.hidden : p.inter;
 
   // Operand sources.
-  const bool fp8_input = p.input_type == MoeDtype::kFp8E4m3;
+  const bool fp8_input = p.input_type == ElemType::kFp8E4m3;
   const uint8_t* a_base;
   int64_t a_stride;
   if (kGateUp) {
@@ -519,7 +491,7 @@ __global__ void __launch_bounds__(kGemmThreads)
         for (int hh = 0; hh < 2; ++hh) {
           const int local = wm * 32 + mt * 16 + hh * 8 + g;
           const float m = __int_as_float(row_amax[local]);
-          const float s = m > 0.f ? m / kFp8Max : 1.f;
+          const float s = m > 0.f ? m / kFp8E4m3Max : 1.f;
           inv[mt][hh] = 1.f / s;
           if (wn == 0 && q4 == 0 && row_live[mt][hh]) {
             inter_scale[int64_t(row0 + local) * groups + n0 / kScaleBlock] = s;
@@ -588,7 +560,7 @@ __global__ void __launch_bounds__(kReduceThreads)
   for (int c = threadIdx.x * 8; c < p.hidden; c += kReduceThreads * 8) {
     float acc[8];
     if (p.shared_output) {
-      if (p.out_type == MoeDtype::kBf16) {
+      if (p.out_type == ElemType::kBf16) {
         load8(static_cast<const __nv_bfloat16*>(p.shared_output) +
                   int64_t(token) * p.shared_stride + c,
               acc);
@@ -611,23 +583,11 @@ __global__ void __launch_bounds__(kReduceThreads)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
     }
-    uint4 raw;
-    if (p.out_type == MoeDtype::kBf16) {
-      __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        o[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-      }
-      *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(p.out) +
-                                int64_t(token) * p.out_stride + c) = raw;
+    const int64_t offset = int64_t(token) * p.out_stride + c;
+    if (p.out_type == ElemType::kBf16) {
+      store8(static_cast<__nv_bfloat16*>(p.out) + offset, acc);
     } else {
-      __half2* o = reinterpret_cast<__half2*>(&raw);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        o[i] = __floats2half2_rn(acc[2 * i], acc[2 * i + 1]);
-      }
-      *reinterpret_cast<uint4*>(static_cast<__half*>(p.out) +
-                                int64_t(token) * p.out_stride + c) = raw;
+      store8(static_cast<__half*>(p.out) + offset, acc);
     }
   }
 }

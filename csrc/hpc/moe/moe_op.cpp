@@ -12,14 +12,14 @@ namespace hpc {
 
 namespace {
 
-moe::MoeDtype moe_dtype(const at::Tensor& t) {
+ElemType moe_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kBFloat16:
-      return moe::MoeDtype::kBf16;
+      return ElemType::kBf16;
     case at::kHalf:
-      return moe::MoeDtype::kFp16;
+      return ElemType::kFp16;
     case at::kFloat8_e4m3fn:
-      return moe::MoeDtype::kFp8E4m3;
+      return ElemType::kFp8E4m3;
     default:
       TORCH_CHECK(false, "fused_moe_fp8: unsupported dtype ", t.scalar_type());
   }
@@ -92,7 +92,7 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
     p.a1_scale = a1_scale->data_ptr<float>();
     p.a1_scale_stride = a1_scale->dim() == 2 ? a1_scale->stride(0) : 0;
   }
-  TORCH_CHECK(p.input_type != moe::MoeDtype::kFp8E4m3 || p.a1_scale != nullptr);
+  TORCH_CHECK(p.input_type != ElemType::kFp8E4m3 || p.a1_scale != nullptr);
   p.w13 = static_cast<const uint8_t*>(w13.data_ptr());
   p.w13_scale = weight_scale(w13_scale, block_wise);
   p.w2 = static_cast<const uint8_t*>(w2.data_ptr());
@@ -118,7 +118,7 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
   p.out = out.data_ptr();
   p.out_stride = out.stride(0);
   p.out_type = moe_dtype(out);
-  TORCH_CHECK(p.out_type != moe::MoeDtype::kFp8E4m3);
+  TORCH_CHECK(p.out_type != ElemType::kFp8E4m3);
 
   // Offsets for this call's token count fit in a workspace sized for more.
   p.layout = layout_for(p.num_tokens, p.topk, p.num_experts, p.hidden, p.inter);

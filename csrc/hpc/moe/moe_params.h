@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "common/elem_type.h"
+
 #ifdef __CUDACC__
 #define HPC_MOE_HD __host__ __device__ __forceinline__
 #else
@@ -76,8 +78,6 @@ struct MoeWorkspaceLayout {
   }
 };
 
-enum class MoeDtype : int { kBf16 = 0, kFp16 = 1, kFp8E4m3 = 2 };
-
 // A float scale indexed by (row, k-block) for activations or by
 // (expert, n-block, k-block) for weights; stride 0 broadcasts (per-tensor).
 struct ScaleView {
@@ -101,7 +101,7 @@ struct MoeParams {
   // Input [M, H]: 16-bit (quantized by the pipeline) or FP8.
   const void* input;
   int64_t input_stride;  // elements
-  MoeDtype input_type;
+  ElemType input_type;
   const float* a1_scale;    // static per-tensor scale, or FP8 input's scales
   int64_t a1_scale_stride;  // [M, H/128] FP8 block-wise input: row stride
 
@@ -122,7 +122,7 @@ struct MoeParams {
   int64_t shared_stride;
   void* out;  // [M, H]
   int64_t out_stride;
-  MoeDtype out_type;
+  ElemType out_type;
 
   uint8_t* workspace;
   MoeWorkspaceLayout layout;

@@ -5,11 +5,12 @@
 #include <cstdint>
 
 #include "attention/decode/decode_plan.h"
+#include "common/elem_type.h"
 
 namespace hpc {
 namespace decode {
 
-enum class ElemType : int { kBf16 = 0, kFp16 = 1, kFp8E4m3 = 2 };
+using hpc::ElemType;
 
 struct DecodeParams {
   // Queries [tokens, num_q_heads, head_size]: query t of sequence b is token
