@@ -17,6 +17,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -251,3 +252,27 @@ def print_table(records: list[dict[str, Any]], impl: str | None = None) -> None:
 def _fmt(value: float | None, spec: str) -> str:
     width = spec.split(".")[0]
     return f"{'-':>{width}}" if value is None else f"{value:>{spec}}"
+
+
+def print_progress(
+    workload: str,
+    name: str,
+    records: list[dict[str, Any]],
+    started: float,
+    detail: str = "",
+) -> None:
+    """One line per finished case: hpc time, fraction of floor, ratios, and
+    the errors of baselines that did not run."""
+    hpc = records[0]
+    when = f"[{time.monotonic() - started:.0f} s]"
+    if hpc["us"] is None:
+        print(f"  {when} {workload} {name}: hpc {hpc.get('error')}")
+        return
+    ratios = ", ".join(f"{k} x{v:.2f}" for k, v in hpc["ratios"].items())
+    failed = [f"{r['impl']}: {r['error']}" for r in records[1:] if r.get("error")]
+    print(
+        f"  {when} {workload} {name}: hpc {hpc['us']} us, "
+        f"{hpc['fraction_of_floor']} of floor{detail}; {ratios}"
+    )
+    for line in failed:
+        print(f"      {line}")

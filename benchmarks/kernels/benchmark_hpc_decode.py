@@ -81,6 +81,7 @@ from bench_utils import (
     capture_graphs,
     import_hpc_ops,
     measure_copy_bandwidth_gbps,
+    print_progress,
     print_table,
     significant,
     time_graphs,
@@ -1074,37 +1075,19 @@ def main(argv: list[str] | None = None) -> int:
             ok = False
         sound &= ok
         records.extend(case_records)
-        _progress(case.workload, case.name, case_records, started)
+        print_progress(case.workload, case.name, case_records, started)
         torch.cuda.empty_cache()
     for name, lengths in plans:
         case_records, ok = bench_plan(name, lengths, env, opts)
         sound &= ok
         records.extend(case_records)
-        _progress("PLAN", name, case_records, started)
+        print_progress("PLAN", name, case_records, started)
 
     write_results(RESULT_NAME, records, bandwidth, args.out)
     print()
     print_table(records, impl=HPC)
     print(f"elapsed {time.monotonic() - started:.1f} s")
     return 0 if sound else 1
-
-
-def _progress(
-    workload: str, name: str, records: list[dict[str, Any]], started: float
-) -> None:
-    hpc = records[0]
-    when = f"[{time.monotonic() - started:.0f} s]"
-    if hpc["us"] is None:
-        print(f"  {when} {workload} {name}: hpc {hpc.get('error')}")
-        return
-    ratios = ", ".join(f"{k} x{v:.2f}" for k, v in hpc["ratios"].items())
-    failed = [f"{r['impl']}: {r['error']}" for r in records[1:] if r.get("error")]
-    print(
-        f"  {when} {workload} {name}: hpc {hpc['us']} us, "
-        f"{hpc['fraction_of_floor']} of floor; {ratios}"
-    )
-    for line in failed:
-        print(f"      {line}")
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ from bench_utils import (
     measure_copy_bandwidth_gbps,
     median_ms,
     new_events,
+    print_progress,
     print_table,
     significant,
     time_graphs,
@@ -1028,7 +1029,10 @@ def main(argv: list[str] | None = None) -> int:
             env.weights.clear()
         sound &= ok
         records.extend(case_records)
-        _progress(case.name, case_records, started)
+        touched = case_records[0].get("experts_touched")
+        print_progress(
+            WORKLOAD, case.name, case_records, started, f", {touched} experts"
+        )
         torch.cuda.empty_cache()
     env.weights.clear()
 
@@ -1037,23 +1041,6 @@ def main(argv: list[str] | None = None) -> int:
     print_table(records, impl=HPC)
     print(f"elapsed {time.monotonic() - started:.1f} s")
     return 0 if sound else 1
-
-
-def _progress(name: str, records: list[dict[str, Any]], started: float) -> None:
-    hpc = records[0]
-    when = f"[{time.monotonic() - started:.0f} s]"
-    if hpc["us"] is None:
-        print(f"  {when} {WORKLOAD} {name}: hpc {hpc.get('error')}")
-        return
-    ratios = ", ".join(f"{k} x{v:.2f}" for k, v in hpc["ratios"].items())
-    failed = [f"{r['impl']}: {r['error']}" for r in records[1:] if r.get("error")]
-    print(
-        f"  {when} {WORKLOAD} {name}: hpc {hpc['us']} us, "
-        f"{hpc['fraction_of_floor']} of floor, {hpc['experts_touched']} experts; "
-        f"{ratios}"
-    )
-    for line in failed:
-        print(f"      {line}")
 
 
 if __name__ == "__main__":
