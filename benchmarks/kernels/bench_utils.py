@@ -11,8 +11,11 @@ the measurement protocol in the design notes).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -276,3 +279,66 @@ def print_progress(
     )
     for line in failed:
         print(f"      {line}")
+
+
+def short_error(err: BaseException | str) -> str:
+    """First line of an error, at most 300 characters, for a record."""
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    text = text.strip().splitlines()[0] if text.strip() else text
+    return text[:300]
+
+
+def sync_quietly() -> None:
+    """Synchronize after a failure; a sticky CUDA error shows up in the next
+    case's record instead of ending the run here."""
+    with contextlib.suppress(Exception):
+        torch.cuda.synchronize()
+
+
+def json_float(x: float, digits: int) -> float | str:
+    return significant(x, digits) if math.isfinite(x) else "inf"
+
+
+@dataclasses.dataclass
+class CheckedImpls:
+    """Implementations that produced a correct first output, with every
+    output, error and relative error to the reference."""
+
+    impls: dict[str, Callable[[Any], torch.Tensor]]
+    outputs: dict[str, torch.Tensor]
+    errors: dict[str, str]
+    ref_err: dict[str, float]
+
+
+def check_impls(
+    names: Sequence[str],
+    makers: dict[str, Callable[[], Callable[[Any], torch.Tensor]]],
+    first_set: Any,
+    rel_error: Callable[[torch.Tensor], float],
+    tol: float,
+    reference: str,
+) -> CheckedImpls:
+    """Builds each implementation and runs it once on ``first_set`` (whose
+    ``out`` is filled with NaN first); one whose relative error to the
+    reference exceeds ``tol`` is recorded as wrong and not timed."""
+    checked = CheckedImpls({}, {}, {}, {})
+    for name in names:
+        try:
+            impl = makers[name]()
+            first_set.out.fill_(float("nan"))
+            out = impl(first_set)
+            torch.cuda.synchronize()
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            checked.errors[name] = short_error(err)
+            sync_quietly()
+            continue
+        checked.outputs[name] = out.clone()
+        checked.ref_err[name] = rel_error(out)
+        if not checked.ref_err[name] <= tol:
+            checked.errors[name] = (
+                f"wrong output: rel error {checked.ref_err[name]:.3g} vs "
+                f"{reference} (tolerance {tol:g})"
+            )
+            continue
+        checked.impls[name] = impl
+    return checked

@@ -79,10 +79,13 @@ import torch
 from bench_utils import (
     L2Scrub,
     capture_graphs,
+    check_impls,
     import_hpc_ops,
+    json_float,
     measure_copy_bandwidth_gbps,
     print_progress,
     print_table,
+    short_error,
     significant,
     time_graphs,
     unavailable_reason,
@@ -684,16 +687,6 @@ def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff.max().item()
 
 
-def _short(err: BaseException | str) -> str:
-    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
-    text = text.strip().splitlines()[0] if text.strip() else text
-    return text[:300]
-
-
-def _json_float(x: float, digits: int) -> float | str:
-    return significant(x, digits) if math.isfinite(x) else "inf"
-
-
 # ---------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------
@@ -772,34 +765,25 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     refs = reference_rows(case, layout, sets[0], seqs)
     tol = REL_TOL[case.fp8]
 
-    impls: dict[str, Impl] = {}
-    outputs: dict[str, torch.Tensor] = {}
-    errors: dict[str, str] = {}
-    ref_err: dict[str, float] = {}
-    for name in names:
-        try:
-            impl = makers[name]()
-            sets[0].out.fill_(float("nan"))
-            out = impl(sets[0])
-            torch.cuda.synchronize()
-        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-            errors[name] = _short(err)
-            torch.cuda.synchronize()
-            continue
-        ref_err[name] = rel_error(out, refs, case.query_tokens)
-        outputs[name] = out.clone()
-        if not ref_err[name] <= tol:
-            errors[name] = (
-                f"wrong output: rel error {ref_err[name]:.3g} vs float32 "
-                f"reference (tolerance {tol:g})"
-            )
-            continue
-        impls[name] = impl
+    checked = check_impls(
+        names,
+        makers,
+        sets[0],
+        lambda out: rel_error(out, refs, case.query_tokens),
+        tol,
+        "float32 reference",
+    )
+    impls, outputs, errors, ref_err = (
+        checked.impls,
+        checked.outputs,
+        checked.errors,
+        checked.ref_err,
+    )
 
     diffs = {}
     if HPC in outputs:
         diffs = {
-            name: _json_float(max_abs_diff(outputs[HPC], out), 3)
+            name: json_float(max_abs_diff(outputs[HPC], out), 3)
             for name, out in outputs.items()
             if name != HPC
         }
@@ -814,7 +798,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                 timings[name] = time_graphs(graphs, opts.iters, opts.warmup, scrub)
                 del graphs
             except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                errors[name] = _short(err)
+                errors[name] = short_error(err)
                 torch.cuda.synchronize()
                 if name == HPC:
                     break
@@ -825,7 +809,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     for name in names:
         extra: dict[str, Any] = {}
         if name in ref_err:
-            extra["ref_rel_err"] = _json_float(ref_err[name], 3)
+            extra["ref_rel_err"] = json_float(ref_err[name], 3)
         if name == HPC:
             extra["num_sets"] = num_sets
             extra["rotated_gb"] = round(num_sets * case.set_bytes() / 1e9, 3)
@@ -922,7 +906,7 @@ def bench_plan(
             single_us[impl] = time_graphs(single, opts.iters, opts.warmup, None)
             del graphs, single
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-            errors[impl] = _short(err)
+            errors[impl] = short_error(err)
             torch.cuda.synchronize()
     records = []
     hpc_us = timings.get(HPC)
@@ -1068,7 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
             case_records, ok = bench_case(case, env, opts)
         except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
             floor_us = case.floor_bytes() / (bandwidth * 1e3)
-            error = _short(err)
+            error = short_error(err)
             case_records = [
                 _record(case.workload, case.name, HPC, None, floor_us, error=error)
             ]

@@ -75,7 +75,6 @@ recorded with its error and not timed. Results go to
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import fnmatch
 import inspect
@@ -92,13 +91,17 @@ import torch
 from bench_utils import (
     L2Scrub,
     capture_graphs,
+    check_impls,
     import_hpc_ops,
+    json_float,
     measure_copy_bandwidth_gbps,
     median_ms,
     new_events,
     print_progress,
     print_table,
+    short_error,
     significant,
+    sync_quietly,
     time_graphs,
     unavailable_reason,
     write_results,
@@ -713,23 +716,6 @@ def _record(
     return record
 
 
-def _short(err: BaseException | str) -> str:
-    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
-    text = text.strip().splitlines()[0] if text.strip() else text
-    return text[:300]
-
-
-def _sync_quietly() -> None:
-    """Synchronize after a failure; a sticky CUDA error shows up in the
-    next case's record instead of ending the run here."""
-    with contextlib.suppress(Exception):
-        torch.cuda.synchronize()
-
-
-def _json_float(x: float, digits: int) -> float | str:
-    return significant(x, digits) if math.isfinite(x) else "inf"
-
-
 def choose_num_sets(
     touched_bytes: int, set_bytes: int, l2_bytes: int, budget: int
 ) -> int:
@@ -785,29 +771,20 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     rows = ref_rows(problem)
     ref = reference_rows(case, problem, sets[0].weights, rows)
 
-    impls: dict[str, Impl] = {}
-    outputs: dict[str, torch.Tensor] = {}
-    errors: dict[str, str] = {}
-    ref_err: dict[str, float] = {}
-    for name in names:
-        try:
-            impl = makers[name]()
-            sets[0].out.fill_(float("nan"))
-            out = impl(sets[0])
-            torch.cuda.synchronize()
-        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-            errors[name] = _short(err)
-            _sync_quietly()
-            continue
-        outputs[name] = out.clone()
-        ref_err[name] = rel_l2(out[rows], ref)
-        if not ref_err[name] <= REL_TOL:
-            errors[name] = (
-                f"wrong output: rel error {ref_err[name]:.3g} vs float64 "
-                f"reference rows (tolerance {REL_TOL:g})"
-            )
-            continue
-        impls[name] = impl
+    checked = check_impls(
+        names,
+        makers,
+        sets[0],
+        lambda out: rel_l2(out[rows], ref),
+        REL_TOL,
+        "float64 reference rows",
+    )
+    impls, outputs, errors, ref_err = (
+        checked.impls,
+        checked.outputs,
+        checked.errors,
+        checked.ref_err,
+    )
 
     vs_torch: dict[str, float] = {}
     if TORCH in impls:
@@ -835,18 +812,18 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                 modes[name] = "cuda_graph"
                 del graphs
             except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                _sync_quietly()
+                sync_quietly()
                 if name == HPC:
-                    errors[name] = _short(err)
+                    errors[name] = short_error(err)
                     break
                 try:
                     timings[name] = time_eager(
                         impl, sets, opts.iters, opts.warmup, scrub
                     )
-                    modes[name] = f"eager (graph capture failed: {_short(err)})"
+                    modes[name] = f"eager (graph capture failed: {short_error(err)})"
                 except Exception as err2:  # noqa: BLE001 - recorded
-                    errors[name] = _short(err2)
-                    _sync_quietly()
+                    errors[name] = short_error(err2)
+                    sync_quietly()
 
     ok = HPC in timings
     hpc_us = timings.get(HPC)
@@ -856,9 +833,9 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
             continue
         extra: dict[str, Any] = {}
         if name in ref_err:
-            extra["ref_rel_err"] = _json_float(ref_err[name], 3)
+            extra["ref_rel_err"] = json_float(ref_err[name], 3)
         if name in vs_torch:
-            extra["rel_err_vs_torch"] = _json_float(vs_torch[name], 3)
+            extra["rel_err_vs_torch"] = json_float(vs_torch[name], 3)
         if name == HPC:
             extra.update(
                 tokens=case.tokens,
@@ -969,7 +946,7 @@ def moe_unavailable_reason(hpc_ops: ModuleType) -> str | None:
             device=DEVICE,
         )
     except Exception as err:  # noqa: BLE001 - reported
-        return _short(err)
+        return short_error(err)
     return None
 
 
@@ -1023,8 +1000,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             case_records, ok = bench_case(case, env, opts)
         except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
-            _sync_quietly()
-            case_records = [_record(case, HPC, None, None, error=_short(err))]
+            sync_quietly()
+            case_records = [_record(case, HPC, None, None, error=short_error(err))]
             ok = False
             env.weights.clear()
         sound &= ok
