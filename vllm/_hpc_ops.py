@@ -27,6 +27,7 @@ __all__ = [
     "DecodeWorkspace",
     "MOE_BLOCK_SHAPE",
     "MOE_MAX_TOPK",
+    "MoeTiling",
     "MoeWorkspace",
     "SplitMode",
     "QkNormPolicy",
@@ -35,6 +36,7 @@ __all__ = [
     "decode_attention",
     "decode_plan_size",
     "fused_moe_fp8",
+    "moe_tiling",
     "hpc_ops_available",
     "plan_decode_host",
     "rope_norm_store_kv",
@@ -1419,6 +1421,7 @@ def fused_moe_fp8(
     expert_offset: int = 0,
     shared_output: torch.Tensor | None = None,
     apply_router_weight_on_input: bool = False,
+    global_num_experts: int | None = None,
 ) -> None:
     """FP8 mixture of experts with SiLU-and-mul, in place into ``out``.
 
@@ -1449,7 +1452,9 @@ def fused_moe_fp8(
     Without it, local slot = id - ``expert_offset`` and ids outside
     ``[0, E_local)`` are skipped. ``apply_router_weight_on_input``: the
     weights were applied to the input already (``k`` must be 1); the kernel
-    uses 1.0.
+    uses 1.0. ``global_num_experts``: experts of the whole model (default:
+    the length of ``expert_map``, else ``E_local``); it only steers the
+    tiling (:func:`moe_tiling`), which assumes an even spread over them.
 
     No host synchronisation and no allocation: safe to capture in CUDA graphs.
     """
@@ -1471,6 +1476,16 @@ def fused_moe_fp8(
         shared_output,
         bool(apply_router_weight_on_input),
     )
+    num_local_experts = w13.shape[0]
+    if global_num_experts is None:
+        global_num_experts = (
+            expert_map.shape[0] if expert_map is not None else num_local_experts
+        )
+    if global_num_experts < num_local_experts:
+        raise ValueError(
+            f"global_num_experts ({global_num_experts}) must be >= the local "
+            f"expert count ({num_local_experts})"
+        )
     _require_moe_op()
     if hidden_states.shape[0] == 0:
         return
@@ -1489,8 +1504,60 @@ def fused_moe_fp8(
         out,
         workspace.buffer,
         int(expert_offset),
+        int(global_num_experts),
         block_wise,
         bool(apply_router_weight_on_input),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeTiling:
+    """The run-time tiling of :func:`fused_moe_fp8` for one call (the
+    ``moe_tiling`` function of ``csrc/hpc/moe/moe_tiling.h``)."""
+
+    token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..64
+    max_tiles: int  # token tiles over all local experts, at most
+    gate_up_blocks: int  # 128-column blocks of the intermediate
+    gate_up_split: int  # K splits of the gate-up GEMM
+    down_blocks: int  # 256-row blocks of the hidden dimension
+
+
+def moe_tiling(
+    num_tokens: int,
+    topk: int,
+    num_local_experts: int,
+    num_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_sms: int,
+) -> MoeTiling:
+    """The tiling :func:`fused_moe_fp8` uses for ``num_tokens`` tokens on a
+    GPU with ``num_sms`` SMs (runs on the host; no GPU needed)."""
+    for name, value in (
+        ("num_tokens", num_tokens),
+        ("num_local_experts", num_local_experts),
+        ("num_sms", num_sms),
+    ):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    _check_topk(topk)
+    if num_experts < num_local_experts:
+        raise ValueError(
+            f"num_experts ({num_experts}) must be >= num_local_experts "
+            f"({num_local_experts})"
+        )
+    _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
+    _require_moe_op()
+    return MoeTiling(
+        *torch.ops._hpc_C.moe_tiling(
+            num_tokens,
+            topk,
+            num_local_experts,
+            num_experts,
+            hidden_size,
+            intermediate_size,
+            num_sms,
+        )
     )
 
 
@@ -1575,6 +1642,7 @@ if _LIBRARY_LOADED:
             out: torch.Tensor,
             workspace: torch.Tensor,
             expert_offset: int,
+            global_num_experts: int,
             block_wise: bool,
             apply_router_weight_on_input: bool,
         ) -> None:

@@ -6,6 +6,7 @@
 #include <ATen/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 namespace hpc {
 
@@ -55,8 +56,15 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
                    const std::optional<at::Tensor>& expert_map,
                    const std::optional<at::Tensor>& shared_output,
                    at::Tensor& out, at::Tensor& workspace,
-                   int64_t expert_offset, bool block_wise,
-                   bool apply_router_weight_on_input);
+                   int64_t expert_offset, int64_t global_num_experts,
+                   bool block_wise, bool apply_router_weight_on_input);
+
+// The MoE pipeline's tiling for a call (moe/moe_tiling.h): token_tile,
+// max_tiles, gate_up_blocks, gate_up_split, down_blocks.
+std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
+                                int64_t num_local_experts, int64_t num_experts,
+                                int64_t hidden_size, int64_t intermediate_size,
+                                int64_t num_sms);
 
 // Workspace bytes of fused_moe_fp8 for up to `max_tokens` tokens.
 int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,

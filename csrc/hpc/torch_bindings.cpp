@@ -33,8 +33,13 @@ TORCH_LIBRARY(_hpc_C, m) {
       "Tensor w13_scale, Tensor w2, Tensor w2_scale, Tensor? a2_scale, "
       "Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, "
       "Tensor? shared_output, Tensor(a!) out, Tensor(b!) workspace, "
-      "int expert_offset, bool block_wise, "
+      "int expert_offset, int global_num_experts, bool block_wise, "
       "bool apply_router_weight_on_input) -> ()");
+  m.def(
+      "moe_tiling(int num_tokens, int topk, int num_local_experts, "
+      "int num_experts, int hidden_size, int intermediate_size, int num_sms) "
+      "-> int[]",
+      &hpc::moe_tiling);
   m.def(
       "moe_workspace_bytes(int max_tokens, int topk, int num_local_experts, "
       "int hidden_size, int intermediate_size) -> int",

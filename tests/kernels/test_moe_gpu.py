@@ -48,7 +48,7 @@ from moe_reference import (
     make_moe_weights,
 )
 
-from vllm._hpc_ops import MoeWorkspace, fused_moe_fp8
+from vllm._hpc_ops import MoeWorkspace, fused_moe_fp8, moe_tiling
 
 pytestmark = pytest.mark.gpu
 
@@ -172,7 +172,12 @@ class Case:
 
 
 def _run(inputs: MoeInputs, ws: MoeWorkspace) -> None:
-    fused_moe_fp8(*inputs.op_args(), ws, **inputs.op_kwargs())
+    fused_moe_fp8(
+        *inputs.op_args(),
+        ws,
+        **inputs.op_kwargs(),
+        global_num_experts=inputs.num_global_experts,
+    )
 
 
 def _check(inputs: MoeInputs, what: str) -> None:
@@ -333,6 +338,27 @@ def test_case_ids_are_unique() -> None:
     assert 60 <= len(ids) <= 100
 
 
+def test_cases_cover_every_tiling() -> None:
+    """The cases reach every token tile of the grouped GEMMs, and 8-token
+    tiles with and without split K (the tiling of this GPU)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tilings = [
+        moe_tiling(
+            c.tokens,
+            c.shape.topk,
+            c.shape.experts,
+            c.shape.experts,
+            c.shape.hidden,
+            c.shape.inter,
+            sms,
+        )
+        for c in _grid_cases() + _ep_cases() + _feature_cases()
+    ]
+    assert {t.token_tile for t in tilings} == {8, 16, 32, 64}
+    assert any(t.gate_up_split > 1 for t in tilings)
+    assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
+
+
 # ---------------------------------------------------------------------------
 # Workspace, bounds, alignment
 # ---------------------------------------------------------------------------
@@ -481,6 +507,7 @@ def test_opcheck(quant: str) -> None:
         inputs.out,
         ws.buffer,
         kw["expert_offset"],
+        inputs.num_global_experts,
         case.block_wise,
         False,
     )

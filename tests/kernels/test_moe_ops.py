@@ -480,7 +480,14 @@ def test_workspace_validation(kwargs: dict, match: str) -> None:
 
 
 def test_public_names() -> None:
-    for name in ("MoeWorkspace", "fused_moe_fp8", "MOE_BLOCK_SHAPE", "MOE_MAX_TOPK"):
+    for name in (
+        "MoeTiling",
+        "MoeWorkspace",
+        "fused_moe_fp8",
+        "moe_tiling",
+        "MOE_BLOCK_SHAPE",
+        "MOE_MAX_TOPK",
+    ):
         assert name in hpc_ops.__all__
     assert hpc_ops.MOE_BLOCK_SHAPE == (BLOCK, BLOCK)
     assert hpc_ops.MOE_MAX_TOPK == 16
@@ -507,6 +514,7 @@ def _op_args(args: dict, ws: hpc_ops.MoeWorkspace, block_wise: bool) -> tuple:
         args["out"],
         ws.buffer,
         0,
+        args["w13"].shape[0],
         block_wise,
         False,
     )
@@ -598,6 +606,7 @@ def test_schema_marks_mutated_arguments() -> None:
         "out",
         "workspace",
         "expert_offset",
+        "global_num_experts",
         "block_wise",
         "apply_router_weight_on_input",
     ], schema
@@ -614,6 +623,123 @@ def test_workspace_bytes_grow_with_the_problem() -> None:
     assert size(64, 1, 16, 2048, 768) < base
     # The largest token count of the GPU tests fits comfortably.
     assert size(4096, 8, 192, 4096, 1536) < 1 << 31
+
+
+# ---------------------------------------------------------------------------
+# Tiling (moe_tiling.h, evaluated on the host)
+# ---------------------------------------------------------------------------
+
+H200_SMS = 132
+# W3 of DESIGN.md: (local experts, experts, top-k, hidden, intermediate).
+W3_CONFIGS = {
+    "tp8": (192, 192, 8, 4096, 192),
+    "ep8": (24, 192, 8, 4096, 1536),
+    "tp1": (192, 192, 8, 4096, 1536),
+}
+W3_TOKENS = (1, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+
+
+def _tile_count(counts: torch.Tensor, tile: int) -> int:
+    return int(((counts + tile - 1) // tile).sum())
+
+
+def _routed_counts(
+    tokens: int, topk: int, local: int, experts: int, routing: str, seed: int
+) -> torch.Tensor:
+    """Rows per local expert for one routing draw (distinct experts per token)."""
+    gen = torch.Generator().manual_seed(seed)
+    if routing == "uniform":
+        ids = torch.rand(tokens, experts, generator=gen).argsort(dim=1)[:, :topk]
+    elif routing == "skewed":
+        # The same top-k experts for every token: the worst case per expert.
+        ids = torch.arange(topk).expand(tokens, topk)
+    else:  # each token's experts in a window that walks over all of them
+        ids = (torch.arange(tokens)[:, None] * topk + torch.arange(topk)) % experts
+    ids = ids.flatten()
+    ids = ids[ids < local]
+    return torch.bincount(ids, minlength=local)
+
+
+@needs_op
+@pytest.mark.parametrize("config", sorted(W3_CONFIGS))
+@pytest.mark.parametrize("routing", ["uniform", "skewed", "strided"])
+def test_tiling_covers_every_routing(config: str, routing: str) -> None:
+    """The launch's tile bound holds every token tile the route can make."""
+    local, experts, topk, hidden, inter = W3_CONFIGS[config]
+    for tokens in W3_TOKENS:
+        t = hpc_ops.moe_tiling(tokens, topk, local, experts, hidden, inter, H200_SMS)
+        counts = _routed_counts(tokens, topk, local, experts, routing, seed=tokens)
+        assert _tile_count(counts, t.token_tile) <= t.max_tiles, (tokens, t)
+
+
+@needs_op
+@pytest.mark.parametrize("config", sorted(W3_CONFIGS))
+@pytest.mark.parametrize("sms", [1, 78, H200_SMS, 256])
+def test_tiling_invariants(config: str, sms: int) -> None:
+    local, experts, topk, hidden, inter = W3_CONFIGS[config]
+    last_tile = 0
+    for tokens in (*W3_TOKENS, 3, 257, 16384):
+        t = hpc_ops.moe_tiling(tokens, topk, local, experts, hidden, inter, sms)
+        assert t.token_tile in (8, 16, 32, 64)
+        if tokens in W3_TOKENS:  # ascending
+            assert t.token_tile >= last_tile
+            last_tile = t.token_tile
+        assert t.gate_up_blocks == math.ceil(inter / 128)
+        assert t.down_blocks == math.ceil(hidden / 256)
+        assert t.max_tiles >= 1
+        assert 1 <= t.gate_up_split <= 8
+        if t.gate_up_split > 1:
+            # Split partials hold 8-token tiles, at most 512 CTAs' worth, and
+            # every split keeps at least two 128-deep k-blocks.
+            assert t.token_tile == 8
+            assert t.max_tiles * t.gate_up_blocks * t.gate_up_split <= 512
+            assert t.gate_up_split <= hidden // 128 // 2
+
+
+@needs_op
+def test_tiling_w3_choices() -> None:
+    """What the H200 gets for the W3 cases the targets name."""
+
+    def tiling(config: str, tokens: int) -> hpc_ops.MoeTiling:
+        local, experts, topk, hidden, inter = W3_CONFIGS[config]
+        return hpc_ops.moe_tiling(tokens, topk, local, experts, hidden, inter, H200_SMS)
+
+    # One token: 8 experts x 2 column blocks would fill 16 of 132 SMs.
+    assert tiling("tp8", 1).token_tile == 8
+    assert tiling("tp8", 1).gate_up_split == 8
+    # Eight tokens: ~62 experts x 2 blocks already fill the GPU.
+    assert tiling("tp8", 8).gate_up_split == 1
+    # One token on 24 local experts of 192 lands on about one of them.
+    assert tiling("ep8", 1).gate_up_split > 1
+    assert tiling("tp1", 1).gate_up_split == 1  # 8 x 12 blocks
+    # Tokens per expert grow with the batch: 256 x 8 / 192 = 11 -> 16.
+    assert tiling("tp1", 256).token_tile == 16
+    assert tiling("tp1", 4096).token_tile == 64
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_tokens=0), "num_tokens"),
+        (dict(num_sms=0), "num_sms"),
+        (dict(num_experts=4), "num_experts"),
+        (dict(topk=0), "topk"),
+        (dict(hidden_size=200), "hidden_size"),
+    ],
+)
+def test_tiling_validation(kwargs: dict, match: str) -> None:
+    args = dict(
+        num_tokens=4,
+        topk=2,
+        num_local_experts=8,
+        num_experts=8,
+        hidden_size=256,
+        intermediate_size=128,
+        num_sms=132,
+    )
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        hpc_ops.moe_tiling(**args)
 
 
 # ---------------------------------------------------------------------------

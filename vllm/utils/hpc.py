@@ -232,6 +232,7 @@ def hpc_fuse_moe(
         block_shape=None,
         expert_offset=offset,
         shared_output=shared_output,
+        global_num_experts=num_expert_total,
     )
     return out
 
@@ -284,6 +285,7 @@ def hpc_fuse_moe_blockwise(
         block_shape=(128, 128),
         expert_offset=offset,
         shared_output=shared_output,
+        global_num_experts=num_expert_total,
     )
     return out
 

@@ -5,7 +5,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include "common/device_info.h"
 #include "moe/moe.h"
+#include "moe/moe_tiling.h"
 #include "ops.h"
 
 namespace hpc {
@@ -51,6 +53,19 @@ int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,
       .bytes();
 }
 
+std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
+                                int64_t num_local_experts, int64_t num_experts,
+                                int64_t hidden_size, int64_t intermediate_size,
+                                int64_t num_sms) {
+  const moe::MoeTiling t = moe::moe_tiling(
+      static_cast<int>(num_tokens), static_cast<int>(topk),
+      static_cast<int>(num_local_experts), static_cast<int>(num_experts),
+      static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
+      static_cast<int>(num_sms));
+  return {t.token_tile, t.max_tiles, t.gate_up_blocks, t.gate_up_split,
+          t.down_blocks};
+}
+
 void fused_moe_fp8(const at::Tensor& hidden_states,
                    const std::optional<at::Tensor>& a1_scale,
                    const at::Tensor& w13, const at::Tensor& w13_scale,
@@ -60,8 +75,8 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
                    const std::optional<at::Tensor>& expert_map,
                    const std::optional<at::Tensor>& shared_output,
                    at::Tensor& out, at::Tensor& workspace,
-                   int64_t expert_offset, bool block_wise,
-                   bool apply_router_weight_on_input) {
+                   int64_t expert_offset, int64_t global_num_experts,
+                   bool block_wise, bool apply_router_weight_on_input) {
   TORCH_CHECK(hidden_states.is_cuda() && hidden_states.dim() == 2 &&
               hidden_states.stride(1) == 1);
   TORCH_CHECK(w13.is_contiguous() && w2.is_contiguous() && w13.dim() == 3 &&
@@ -120,6 +135,9 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
   p.out_type = moe_dtype(out);
   TORCH_CHECK(p.out_type != ElemType::kFp8E4m3);
 
+  p.tiling = moe::moe_tiling(p.num_tokens, p.topk, p.num_experts,
+                             static_cast<int>(global_num_experts), p.hidden,
+                             p.inter, current_device_info().sm_count);
   // Offsets for this call's token count fit in a workspace sized for more.
   p.layout = layout_for(p.num_tokens, p.topk, p.num_experts, p.hidden, p.inter);
   TORCH_CHECK(workspace.numel() >= p.layout.bytes());

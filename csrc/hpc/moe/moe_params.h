@@ -1,27 +1,21 @@
 // Parameters and workspace layout of the fused FP8 MoE pipeline
-// (moe_kernels.cuh). Plain data: no torch, no device code beyond
+// stages (moe_route.cuh ... moe_reduce.cuh). Plain data: no torch, no device
+// code beyond
 // __host__ __device__ helpers.
 #pragma once
 
 #include <cstdint>
 
 #include "common/elem_type.h"
-
-#ifdef __CUDACC__
-#define HPC_MOE_HD __host__ __device__ __forceinline__
-#else
-#define HPC_MOE_HD inline
-#endif
+#include "moe/moe_tiling.h"
 
 namespace hpc {
 namespace moe {
 
-constexpr int kScaleBlock =
-    128;  // block-wise scales: 128 x 128 weights, 1 x 128 activations
-constexpr int kTileM = 64;  // rows (token, expert pairs) per GEMM tile
-
 // Where each array lives in the flat workspace, for up to `max_tokens`
-// tokens routed to `topk` experts each.
+// tokens routed to `topk` experts each. The split-K arrival counters come
+// first, at a fixed place whatever the token count: they are zero when the
+// workspace is created and every use returns them to zero.
 struct MoeWorkspaceLayout {
   int64_t max_tokens;
   int topk;
@@ -30,17 +24,22 @@ struct MoeWorkspaceLayout {
   int inter;        // I
 
   HPC_MOE_HD int64_t max_rows() const { return max_tokens * topk; }
-  // Tiles of kTileM rows over all experts, at most.
-  HPC_MOE_HD int64_t max_tiles() const {
-    return (max_rows() + kTileM - 1) / kTileM + num_experts;
-  }
   static HPC_MOE_HD int64_t align(int64_t bytes) {
     return (bytes + 255) / 256 * 256;
   }
 
+  // int32 [kMaxSplitCtas]: gate-up split-K arrivals per output tile.
+  HPC_MOE_HD int64_t split_counters() const { return 0; }
+  // float [kMaxSplitCtas, kCtaRows * kMinTokenTile]: split-K partial sums.
+  HPC_MOE_HD int64_t split_partials() const {
+    return split_counters() + align(4 * kMaxSplitCtas);
+  }
   // int32 [num_experts + 1]: first sorted row of each expert.
-  HPC_MOE_HD int64_t expert_offset() const { return 0; }
-  // int32 [num_experts + 1]: first GEMM tile of each expert.
+  HPC_MOE_HD int64_t expert_offset() const {
+    return split_partials() +
+           align(int64_t(4) * kMaxSplitCtas * kCtaRows * kMinTokenTile);
+  }
+  // int32 [num_experts + 1]: first token tile of each expert.
   HPC_MOE_HD int64_t tile_offset() const {
     return expert_offset() + align(4 * (num_experts + 1));
   }
@@ -97,6 +96,7 @@ struct MoeParams {
   int hidden;       // H
   int inter;        // I
   bool block_wise;
+  MoeTiling tiling;
 
   // Input [M, H]: 16-bit (quantized by the pipeline) or FP8.
   const void* input;

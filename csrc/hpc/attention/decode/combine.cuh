@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "attention/decode/decode_params.h"
+#include "common/sync.cuh"
 
 namespace hpc {
 namespace decode {
@@ -218,7 +219,7 @@ __device__ __forceinline__ void merge_split_unit(const DecodeParams& p,
     row_stats[row] = m == -INFINITY ? 0.f : m;
     row_stats[kMaxRows + row] = sum > 0.f ? 1.f / sum : 0.f;
   }
-  asm volatile("bar.sync %0, %1;" ::"r"(barrier), "r"(kThreads) : "memory");
+  named_barrier_sync(barrier, kThreads);
   // Few elements per thread (few rows): go deep in pieces; many: go wide.
   if (p.rows * (head_dim / 4) <= 2 * kThreads) {
     merge_elements<2, 8, kThreads>(p, unit, first, pieces, head_dim, row_stats,

@@ -43,6 +43,7 @@
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
 #include "common/pdl.cuh"
+#include "common/sync.cuh"
 
 namespace hpc {
 namespace decode {
@@ -391,10 +392,6 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // How a lane reads V and owns output channels in O += P V. The head

@@ -487,5 +487,6 @@ class HPCExperts(mk.FusedMoEExpertsModular):
                 expert_map=expert_map,
                 expert_offset=0,
                 apply_router_weight_on_input=bool(apply_router_weight_on_input),
+                global_num_experts=max(int(global_num_experts), int(w1.shape[0])),
             )
         return None

@@ -1,0 +1,331 @@
+// Grouped FP8 GEMMs of the fused MoE pipeline (gate-up and down), on wgmma.
+//
+// A CTA computes one token tile of one expert against kCtaRows = 256 weight
+// rows: out[row, tok] = sum_k W[row, k] * X[tok, k]. The weights are the
+// wgmma A operand (M: 128 rows per consumer warpgroup) and the tile's
+// tokens the B operand (N = kTokens, 8..64), both K-major FP8 in shared
+// memory with the 128-byte swizzle. Roles:
+//
+//   producer warp   TMA for the weight rows (a 4-D tensor map per weight,
+//                   out-of-range rows and k zero-filled), cp.async for the
+//                   token rows, gathered through the route's row list; one
+//                   mbarrier ring of kStages k-blocks of 128
+//   2 consumer WGs  wgmma per k-block into a block accumulator, then folded
+//                   into the result with that k-block's weight and
+//                   activation scales (per-tensor scales broadcast), so one
+//                   code path serves per-tensor and block-wise scaling
+//
+// The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
+// matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
+// may be split over CTAs (moe_tiling.h). Epilogues: moe_gemm_epilogue.cuh.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+
+#include "common/pdl.cuh"
+#include "common/sync.cuh"
+#include "moe/moe_params.h"
+
+namespace hpc {
+namespace moe {
+
+constexpr int kConsumerThreads = 2 * 128;
+constexpr int kGemmThreads = kConsumerThreads + 32;  // + producer warp
+constexpr int kGemmStages = 5;
+constexpr int kConsumerBarrier = 1;  // named barrier of both warpgroups
+constexpr int kGateBarrier = 2;      // named barrier of warpgroup 0
+
+using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+using EmptyBarrier = cutlass::arch::ClusterBarrier;
+
+template <int kTokens>
+struct GemmConfig {
+  static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
+  using Fp8 = cute::float_e4m3_t;
+  using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
+  // One warpgroup's weight rows and the tile's token rows, per stage.
+  using WeightLayout = decltype(cute::tile_to_shape(
+      Atom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kTileK>,
+                          cute::Int<kGemmStages>>{}));
+  using TokenLayout = decltype(cute::tile_to_shape(
+      Atom{}, cute::Shape<cute::Int<kTokens>, cute::Int<kTileK>,
+                          cute::Int<kGemmStages>>{}));
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<
+          Fp8, Fp8, float,
+          cute::Shape<cute::_64, cute::Int<kTokens>, cute::_32>>()));
+
+  static constexpr int kWgStageBytes = kWgRows * kTileK;
+  static constexpr int kTokenStageBytes = kTokens * kTileK;
+  // [warpgroup][stage] weights, then [stage] tokens; 1024-byte aligned.
+  static constexpr int kWeightBytes = 2 * kGemmStages * kWgStageBytes;
+  static constexpr int kBytes =
+      kWeightBytes + kGemmStages * kTokenStageBytes + 1024;
+  static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
+};
+
+// Which expert and rows a CTA's token tile covers (from the route's tile
+// offsets) and where its tokens come from.
+struct TileInfo {
+  int expert;
+  int row0;  // first expert-sorted row of the tile
+  int rows;  // rows in the tile (<= kTokens)
+};
+
+__device__ __forceinline__ int find_expert(const int32_t* tile_offset,
+                                           int num_experts, int tile) {
+  int lo = 0, hi = num_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (tile_offset[mid] <= tile) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// False when the launch's tile bound exceeds the tiles this call needs.
+__device__ __forceinline__ bool find_tile(const MoeParams& p, int tile,
+                                          TileInfo& info) {
+  const int32_t* tile_offset =
+      reinterpret_cast<const int32_t*>(p.workspace + p.layout.tile_offset());
+  if (tile >= tile_offset[p.num_experts]) return false;
+  const int32_t* expert_offset =
+      reinterpret_cast<const int32_t*>(p.workspace + p.layout.expert_offset());
+  info.expert = find_expert(tile_offset, p.num_experts, tile);
+  info.row0 = expert_offset[info.expert] +
+              (tile - tile_offset[info.expert]) * p.tiling.token_tile;
+  info.rows =
+      min(p.tiling.token_tile, expert_offset[info.expert + 1] - info.row0);
+  return true;
+}
+
+// Token rows of the B operand and the rows their activation scales are
+// indexed by: the gate-up GEMM gathers input tokens, the down GEMM reads the
+// intermediate in sorted-row order.
+template <bool kGateUp>
+struct TokenSource {
+  const uint8_t* base;
+  int64_t stride;  // bytes between rows
+  ScaleView scale;
+
+  __device__ static TokenSource make(const MoeParams& p) {
+    TokenSource s;
+    const float* input_scale =
+        reinterpret_cast<const float*>(p.workspace + p.layout.input_scale());
+    if constexpr (kGateUp) {
+      const bool fp8_input = p.input_type == ElemType::kFp8E4m3;
+      s.base = fp8_input ? static_cast<const uint8_t*>(p.input)
+                         : p.workspace + p.layout.input_q();
+      s.stride = fp8_input ? p.input_stride : p.hidden;
+      const int64_t groups = p.hidden / kScaleBlock;
+      if (p.block_wise) {
+        s.scale = fp8_input ? ScaleView{p.a1_scale, p.a1_scale_stride, 1, 0}
+                            : ScaleView{input_scale, groups, 1, 0};
+      } else if (p.a1_scale) {
+        s.scale = ScaleView{p.a1_scale, 0, 0, 0};  // static
+      } else {
+        s.scale = ScaleView{input_scale, groups, 0, 0};  // per token
+      }
+    } else {
+      s.base = p.workspace + p.layout.inter_q();
+      s.stride = p.inter;
+      s.scale = p.block_wise
+                    ? ScaleView{reinterpret_cast<const float*>(
+                                    p.workspace + p.layout.inter_scale()),
+                                ceil_div(p.inter, kScaleBlock), 1, 0}
+                    : ScaleView{p.a2_scale, 0, 0, 0};
+    }
+    return s;
+  }
+
+  // Row of the B source (and of its scales) for expert-sorted row `row`.
+  __device__ static int64_t row_of(const MoeParams& p, int row) {
+    if constexpr (kGateUp) {
+      const int32_t* row_slot =
+          reinterpret_cast<const int32_t*>(p.workspace + p.layout.row_slot());
+      return row_slot[row] / p.topk;
+    } else {
+      return row;
+    }
+  }
+};
+
+__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
+                                                 bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+               "l"(gmem), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+// Producer warp: weight rows by TMA, token rows by cp.async, k-blocks
+// [kb_begin, kb_end). A lane marks a stage full once its own cp.async
+// copies landed and are fenced for the tensor cores' async proxy.
+template <bool kGateUp, int kTokens>
+__device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
+                            const TileInfo& tile, int n0, const int64_t* src,
+                            int kb_begin, int kb_end, uint8_t* smem,
+                            uint64_t* full, uint64_t* empty) {
+  using Config = GemmConfig<kTokens>;
+  const int lane = threadIdx.x % 32;
+  const int K = kGateUp ? p.hidden : p.inter;
+  const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
+  auto tokens = cute::make_tensor(
+      cute::make_smem_ptr(
+          reinterpret_cast<typename Config::Fp8*>(smem + Config::kWeightBytes)),
+      typename Config::TokenLayout{});
+
+  // This lane's 16-byte chunks of the token tile: row, k chunk, source.
+  const uint8_t* chunk_src[Config::kChunksPerLane];
+  int chunk_row[Config::kChunksPerLane];
+  int chunk_k[Config::kChunksPerLane];
+#pragma unroll
+  for (int i = 0; i < Config::kChunksPerLane; ++i) {
+    const int c = i * 32 + lane;
+    chunk_row[i] = c / (kTileK / 16);
+    chunk_k[i] = (c % (kTileK / 16)) * 16;
+    chunk_src[i] =
+        chunk_row[i] < tile.rows
+            ? source.base + src[chunk_row[i]] * source.stride + chunk_k[i]
+            : nullptr;
+  }
+
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    EmptyBarrier::wait(&empty[stage], phase ^ 1);
+    if (lane == 0) {
+      FullBarrier::arrive_and_expect_tx(&full[stage],
+                                        2 * Config::kWgStageBytes);
+#pragma unroll
+      for (int wg = 0; wg < 2; ++wg) {
+        // Gate-up: (k, column, gate|up, expert); down: (k, row, 0, expert).
+        const int row = kGateUp ? n0 : n0 + wg * kWgRows;
+        cute::SM90_TMA_LOAD_4D::copy(
+            weights, &full[stage],
+            static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+            smem + (wg * kGemmStages + stage) * Config::kWgStageBytes,
+            kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < Config::kChunksPerLane; ++i) {
+      const int k = kb * kTileK + chunk_k[i];
+      const bool valid = chunk_src[i] != nullptr && k < K;
+      cp_async16_zfill(&tokens(chunk_row[i], chunk_k[i], stage),
+                       valid ? chunk_src[i] + kb * kTileK : source.base, valid);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    // Publish the previous stage: its copies are the older group.
+    if (kb > kb_begin) {
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      cutlass::arch::fence_view_async_shared();
+      const int prev = stage == 0 ? kGemmStages - 1 : stage - 1;
+      FullBarrier::arrive(&full[prev]);
+    }
+    if (++stage == kGemmStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+  if (kb_end > kb_begin) {
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    cutlass::arch::fence_view_async_shared();
+    FullBarrier::arrive(&full[stage == 0 ? kGemmStages - 1 : stage - 1]);
+  }
+}
+
+// Consumer warpgroup `wg`: acc = sum over k-blocks of
+// (W[rows of wg] . X[tokens]^T) * weight scale * activation scale.
+template <bool kGateUp, int kTokens, class Acc, class Coord>
+__device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
+                           const int64_t* src, int kb_begin, int kb_end,
+                           uint8_t* smem, uint64_t* full, uint64_t* empty,
+                           Acc& acc, const Coord& coord) {
+  using namespace cute;
+  using Config = GemmConfig<kTokens>;
+  using Fp8 = typename Config::Fp8;
+  const int wg = threadIdx.x / 128;
+  const int lane = threadIdx.x % 32;
+
+  Tensor weights =
+      make_tensor(make_smem_ptr(reinterpret_cast<Fp8*>(
+                      smem + wg * kGemmStages * Config::kWgStageBytes)),
+                  typename Config::WeightLayout{});
+  Tensor tokens = make_tensor(
+      make_smem_ptr(reinterpret_cast<Fp8*>(smem + Config::kWeightBytes)),
+      typename Config::TokenLayout{});
+  typename Config::TiledMma mma;
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(weights));  // (V,M,K,S)
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(tokens));   // (V,N,K,S)
+  Tensor blk = make_fragment_like(acc);  // one k-block, before scaling
+  static_assert(decltype(size<0>(acc))::value == kTokens / 2 &&
+                decltype(size<1>(acc))::value == kWgRows / 64 &&
+                decltype(size<2>(acc))::value == 1);
+  clear(acc);
+
+  const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
+  const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
+  // Weight rows of this warpgroup, for its 128 x 128 scale block.
+  const int64_t w_row =
+      kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
+
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    FullBarrier::wait(&full[stage], phase);
+    warpgroup_fence_operand(blk);
+    warpgroup_arrive();
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int k = 0; k < size<2>(tCrA); ++k) {
+      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(blk);
+    __syncwarp();
+    if (lane == 0) EmptyBarrier::arrive(&empty[stage]);
+
+    // Accumulator values are ((column pair, row half, 8-column group),
+    // 64-row block, 1): the token depends on the first and third only.
+    const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
+        const float s =
+            tok < tile.rows ? sw * source.scale.at(src[tok], kb) : 0.f;
+#pragma unroll
+        for (int m = 0; m < kWgRows / 64; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const auto v = make_coord(make_coord(c, h, j), m, 0);
+            acc(v) += blk(v) * s;
+          }
+        }
+      }
+    }
+    if (++stage == kGemmStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+}
+
+}  // namespace moe
+}  // namespace hpc

@@ -1,0 +1,184 @@
+// Epilogues of the grouped FP8 GEMMs (moe_gemm.cuh). Each consumer thread
+// holds acc(i) = out[weight row, token] with coord(i) = (row within its
+// warpgroup's 128, token within the tile); shared memory of the finished
+// pipeline stages is reused for staging.
+//
+//   merge_split_k      gate-up with split K: every CTA stores its partial
+//                      sums; the last to arrive adds all of them in split
+//                      order (deterministic) and goes on
+//   gate_up_epilogue   h = SiLU(gate) * up, quantized to FP8 (static
+//                      per-tensor scale, or 1 x 128 groups: the CTA's 128
+//                      columns are one group of each token), stored to the
+//                      intermediate in sorted-row order
+//   down_epilogue      16-bit rows of each (token, expert) pair for the
+//                      top-k reduction
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include <cute/tensor.hpp>
+
+#include "common/sync.cuh"
+#include "common/vec.cuh"
+#include "moe/moe_gemm.cuh"
+#include "moe/moe_params.h"
+
+namespace hpc {
+namespace moe {
+
+template <class Acc>
+constexpr int kAccValues = decltype(cute::size(std::declval<Acc>()))::value;
+
+// Returns false in every CTA of the output tile but the last to finish; the
+// last one's `acc` then holds the sum over all K ranges. `flag` is shared.
+template <class Acc>
+__device__ bool merge_split_k(const MoeParams& p, int out_tile, int split_index,
+                              Acc& acc, int* flag) {
+  constexpr int kSlot = kCtaRows * kMinTokenTile;  // floats per CTA
+  static_assert(kAccValues<Acc> * kConsumerThreads == kSlot);
+  const int split = p.tiling.gate_up_split;
+  const int t = threadIdx.x;
+  float* partials =
+      reinterpret_cast<float*>(p.workspace + p.layout.split_partials());
+  int* counters =
+      reinterpret_cast<int*>(p.workspace + p.layout.split_counters());
+  float* mine = partials + (int64_t(out_tile) * split + split_index) * kSlot;
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    mine[i * kConsumerThreads + t] = acc(i);
+  }
+  // Threadfence reduction: publish the partials, then count arrivals.
+  __threadfence();
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+  if (t == 0) *flag = atomicAdd(&counters[out_tile], 1) == split - 1;
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+  if (!*flag) return false;
+  __threadfence();
+  const float* first = partials + int64_t(out_tile) * split * kSlot;
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    float sum = 0.f;
+    for (int s = 0; s < split; ++s) {
+      sum += __ldcg(first + s * kSlot + i * kConsumerThreads + t);
+    }
+    acc(i) = sum;
+  }
+  if (t == 0) counters[out_tile] = 0;  // ready for the next call
+  return true;
+}
+
+__device__ __forceinline__ float silu(float x) {
+  return x / (1.f + __expf(-x));
+}
+
+template <int kTokens, class Acc, class Coord>
+__device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
+                                 int n0, Acc& acc, const Coord& coord,
+                                 uint8_t* smem) {
+  constexpr int kValues = kAccValues<Acc>;
+  const int wg = threadIdx.x / 128;
+  const int t = threadIdx.x % 128;
+  float* up = reinterpret_cast<float*>(smem);              // [kValues][128]
+  uint8_t* staged = smem + kValues * 128 * sizeof(float);  // [kTokens][128]
+  int* token_amax = reinterpret_cast<int*>(staged + kTokens * kWgRows);
+
+  // Both warpgroups are past their last wgmma before the stages are reused.
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+  if (wg == 1) {
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) up[i * 128 + t] = acc(i);
+  }
+  if (t < kTokens && wg == 0) token_amax[t] = 0;
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+  if (wg == 1) return;
+
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) acc(i) = silu(acc(i)) * up[i * 128 + t];
+
+  if (p.block_wise) {
+    // Amax per token over the 128 columns: lanes of one quad hold other
+    // tokens, lanes 4 apart the same ones, so reduce over lane bits 2..4.
+#pragma unroll
+    for (int i = 0; i < kValues; ++i) {
+      float m = fabsf(acc(i));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+      if (t % 32 < 4) {
+        atomicMax(&token_amax[cute::get<1>(coord(i))], __float_as_int(m));
+      }
+    }
+    named_barrier_sync(kGateBarrier, 128);
+    float* inter_scale =
+        reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
+    if (t < tile.rows) {
+      const float m = __int_as_float(token_amax[t]);
+      inter_scale[int64_t(tile.row0 + t) * ceil_div(p.inter, kScaleBlock) +
+                  n0 / kScaleBlock] = m > 0.f ? m / kFp8E4m3Max : 1.f;
+    }
+  }
+  const float inv_static = p.block_wise ? 0.f : 1.f / *p.a2_scale;
+#pragma unroll
+  for (int i = 0; i < kValues; ++i) {
+    const int row = cute::get<0>(coord(i));
+    const int tok = cute::get<1>(coord(i));
+    float inv = inv_static;
+    if (p.block_wise) {
+      const float m = __int_as_float(token_amax[tok]);
+      inv = m > 0.f ? kFp8E4m3Max / m : 1.f;
+    }
+    staged[tok * kWgRows + row] =
+        __nv_cvt_float_to_fp8(acc(i) * inv, __NV_SATFINITE, __NV_E4M3);
+  }
+  named_barrier_sync(kGateBarrier, 128);
+
+  // 16-byte chunks of the tile's intermediate rows, columns [n0, n0 + 128).
+  uint8_t* inter = p.workspace + p.layout.inter_q();
+  constexpr int kChunks = kWgRows / 16;
+  for (int c = t; c < kTokens * kChunks; c += 128) {
+    const int tok = c / kChunks;
+    const int col = n0 + (c % kChunks) * 16;
+    if (tok < tile.rows && col < p.inter) {
+      *reinterpret_cast<uint4*>(inter + int64_t(tile.row0 + tok) * p.inter +
+                                col) =
+          *reinterpret_cast<const uint4*>(staged + tok * kWgRows + col - n0);
+    }
+  }
+}
+
+template <int kTokens, class Acc, class Coord>
+__device__ void down_epilogue(const MoeParams& p, const TileInfo& tile, int n0,
+                              const Acc& acc, const Coord& coord,
+                              uint8_t* smem) {
+  const int wg = threadIdx.x / 128;
+  __nv_bfloat16* staged =
+      reinterpret_cast<__nv_bfloat16*>(smem);  // [kTokens][kCtaRows]
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    const int row = wg * kWgRows + cute::get<0>(coord(i));
+    staged[cute::get<1>(coord(i)) * kCtaRows + row] = __float2bfloat16(acc(i));
+  }
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+
+  __nv_bfloat16* rows =
+      reinterpret_cast<__nv_bfloat16*>(p.workspace + p.layout.down_rows());
+  constexpr int kChunks = kCtaRows / 8;
+  for (int c = threadIdx.x; c < kTokens * kChunks; c += kConsumerThreads) {
+    const int tok = c / kChunks;
+    const int col = n0 + (c % kChunks) * 8;
+    if (tok < tile.rows && col < p.hidden) {
+      *reinterpret_cast<uint4*>(rows + int64_t(tile.row0 + tok) * p.hidden +
+                                col) =
+          *reinterpret_cast<const uint4*>(staged + tok * kCtaRows + col - n0);
+    }
+  }
+}
+
+}  // namespace moe
+}  // namespace hpc

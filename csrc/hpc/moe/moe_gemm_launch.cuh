@@ -1,0 +1,70 @@
+// Host side of the grouped FP8 GEMMs: the weights' tensor maps, the grid and
+// the instantiation for the call's token tile (moe_tiling.h).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+
+#include "common/cuda_check.h"
+#include "common/pdl.cuh"
+#include "common/tma_desc.h"
+#include "moe/moe_gemm_kernel.cuh"
+#include "moe/moe_params.h"
+
+namespace hpc {
+namespace moe {
+
+// Boxes of 128 rows x 128 bytes, 128-byte swizzle (the wgmma K-major atom).
+// w13 [E, 2I, H] is viewed as [E][gate|up][I][H] so that a box past I is
+// zero-filled instead of reading the up rows; w2 [E, H, I] as [E][1][H][I].
+template <bool kGateUp>
+CUtensorMap weight_tensor_map(const MoeParams& p) {
+  const uint64_t H = p.hidden, I = p.inter, E = p.num_experts;
+  const uint32_t box[4] = {kTileK, kWgRows, 1, 1};
+  if constexpr (kGateUp) {
+    const uint64_t dims[4] = {H, I, 2, E};
+    const uint64_t strides[3] = {H, I * H, 2 * I * H};
+    return make_tensor_map_4d(p.w13, CU_TENSOR_MAP_DATA_TYPE_UINT8, dims,
+                              strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+  } else {
+    const uint64_t dims[4] = {I, H, 1, E};
+    const uint64_t strides[3] = {I, H * I, H * I};
+    return make_tensor_map_4d(p.w2, CU_TENSOR_MAP_DATA_TYPE_UINT8, dims,
+                              strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+  }
+}
+
+template <bool kGateUp, int kTokens>
+void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
+                      cudaStream_t stream) {
+  auto kernel = moe_gemm_kernel<kGateUp, kTokens>;
+  constexpr int kSmem = GemmConfig<kTokens>::kBytes;
+  HPC_CUDA_CHECK(cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const MoeTiling& t = p.tiling;
+  const dim3 grid(kGateUp ? t.gate_up_blocks * t.gate_up_split : t.down_blocks,
+                  t.max_tiles);
+  launch_with_pdl(kernel, grid, dim3(kGemmThreads), kSmem, stream, p, weights);
+}
+
+template <bool kGateUp>
+void launch_gemm(const MoeParams& p, cudaStream_t stream) {
+  const CUtensorMap weights = weight_tensor_map<kGateUp>(p);
+  switch (p.tiling.token_tile) {
+    case 8:
+      return launch_gemm_tile<kGateUp, 8>(p, weights, stream);
+    case 16:
+      return launch_gemm_tile<kGateUp, 16>(p, weights, stream);
+    case 32:
+      return launch_gemm_tile<kGateUp, 32>(p, weights, stream);
+    case 64:
+      return launch_gemm_tile<kGateUp, 64>(p, weights, stream);
+    default:
+      throw std::invalid_argument("fused_moe_fp8: unsupported token tile");
+  }
+}
+
+}  // namespace moe
+}  // namespace hpc

@@ -1,0 +1,66 @@
+// Reduce stage of the fused FP8 MoE pipeline: each token's top-k weighted
+// sum of its experts' down-projection rows, plus the shared-expert output.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/pdl.cuh"
+#include "common/vec.cuh"
+#include "moe/moe_params.h"
+
+namespace hpc {
+namespace moe {
+
+constexpr int kReduceThreads = 256;
+
+// out[t] = sum_j w[t, j] * down_row(t, j) (+ shared[t]), in top-k order.
+__global__ void __launch_bounds__(kReduceThreads)
+    moe_reduce_kernel(const MoeParams p) {
+  pdl_launch_dependents();
+  pdl_wait_for_producer();
+  const int token = blockIdx.x;
+  const int32_t* slot_row =
+      reinterpret_cast<const int32_t*>(p.workspace + p.layout.slot_row());
+  const __nv_bfloat16* rows = reinterpret_cast<const __nv_bfloat16*>(
+      p.workspace + p.layout.down_rows());
+  for (int c = threadIdx.x * 8; c < p.hidden; c += kReduceThreads * 8) {
+    float acc[8];
+    if (p.shared_output) {
+      if (p.out_type == ElemType::kBf16) {
+        load8(static_cast<const __nv_bfloat16*>(p.shared_output) +
+                  int64_t(token) * p.shared_stride + c,
+              acc);
+      } else {
+        load8(static_cast<const __half*>(p.shared_output) +
+                  int64_t(token) * p.shared_stride + c,
+              acc);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] = 0.f;
+    }
+    for (int j = 0; j < p.topk; ++j) {
+      const int slot = token * p.topk + j;
+      const int r = slot_row[slot];
+      if (r < 0) continue;
+      const float w = p.router_weight_on_input ? 1.f : p.topk_weights[slot];
+      float v[8];
+      load8(rows + int64_t(r) * p.hidden + c, v);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
+    }
+    const int64_t offset = int64_t(token) * p.out_stride + c;
+    if (p.out_type == ElemType::kBf16) {
+      store8(static_cast<__nv_bfloat16*>(p.out) + offset, acc);
+    } else {
+      store8(static_cast<__half*>(p.out) + offset, acc);
+    }
+  }
+}
+
+}  // namespace moe
+}  // namespace hpc

@@ -1,0 +1,108 @@
+// Route stage of the fused FP8 MoE pipeline: one CTA builds the per-expert
+// row counts, row offsets and token-tile offsets in shared memory, then the
+// expert-sorted row list (sorted row -> slot) and its inverse.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/pdl.cuh"
+#include "moe/moe_params.h"
+
+namespace hpc {
+namespace moe {
+
+__device__ __forceinline__ int local_expert(const MoeParams& p, int slot) {
+  const int64_t id = p.topk_ids_int64
+                         ? static_cast<const int64_t*>(p.topk_ids)[slot]
+                         : static_cast<const int32_t*>(p.topk_ids)[slot];
+  const int e =
+      p.expert_map ? p.expert_map[id] : static_cast<int>(id) - p.expert_offset;
+  return e >= 0 && e < p.num_experts ? e : -1;
+}
+
+constexpr int kRouteThreads = 1024;
+
+// Counts and offsets live in shared memory; rows of one expert are listed
+// in arrival order (the order does not change any result: each row is
+// computed on its own and the reduction sums a token's experts in top-k
+// order).
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_kernel(const MoeParams p) {
+  extern __shared__ int route_smem[];
+  int* count = route_smem;                   // [E]
+  int* cursor = route_smem + p.num_experts;  // [E]
+  pdl_launch_dependents();
+  pdl_wait_for_producer();
+
+  const int num_experts = p.num_experts;
+  const int tile_rows = p.tiling.token_tile;
+  const int slots = p.num_tokens * p.topk;
+  int32_t* expert_offset =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.expert_offset());
+  int32_t* tile_offset =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.tile_offset());
+  int32_t* row_slot =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.row_slot());
+  int32_t* slot_row =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
+
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+    const int e = local_expert(p, s);
+    if (e >= 0) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+
+  // Exclusive prefix sums of rows and of token tiles, by warp 0 (each lane
+  // takes a contiguous run of experts).
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const int per = (num_experts + 31) / 32;
+    const int e0 = min(num_experts, lane * per);
+    const int e1 = min(num_experts, e0 + per);
+    int rows = 0, tiles = 0;
+    for (int e = e0; e < e1; ++e) {
+      rows += count[e];
+      tiles += (count[e] + tile_rows - 1) / tile_rows;
+    }
+    int rows_incl = rows, tiles_incl = tiles;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int r = __shfl_up_sync(0xffffffffu, rows_incl, offset);
+      const int t = __shfl_up_sync(0xffffffffu, tiles_incl, offset);
+      if (lane >= offset) {
+        rows_incl += r;
+        tiles_incl += t;
+      }
+    }
+    int row = rows_incl - rows, tile = tiles_incl - tiles;
+    for (int e = e0; e < e1; ++e) {
+      expert_offset[e] = row;
+      tile_offset[e] = tile;
+      cursor[e] = row;
+      row += count[e];
+      tile += (count[e] + tile_rows - 1) / tile_rows;
+    }
+    if (lane == 31) {
+      expert_offset[num_experts] = rows_incl;
+      tile_offset[num_experts] = tiles_incl;
+    }
+  }
+  __syncthreads();
+
+  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
+    const int e = local_expert(p, s);
+    int row = -1;
+    if (e >= 0) {
+      row = atomicAdd(&cursor[e], 1);
+      row_slot[row] = s;
+    }
+    slot_row[s] = row;
+  }
+}
+
+}  // namespace moe
+}  // namespace hpc

@@ -1,0 +1,88 @@
+// The one tiling decision of the fused FP8 MoE pipeline.
+//
+// Both grouped GEMMs run "swapped": expert weight rows are the wgmma M side
+// (128 per consumer warpgroup) and the expert's tokens are the N side, so a
+// tile of a few tokens wastes no tensor-core work on padding rows. The token
+// tile width (wgmma N) is picked per call from the expected tokens per
+// expert; the route kernel cuts every expert's rows into tiles of that width,
+// and both GEMMs and their epilogues are instantiated for it. When the tiles
+// leave most SMs idle (a handful of tokens), the gate-up GEMM also splits K.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define HPC_MOE_HD __host__ __device__ __forceinline__
+#else
+#define HPC_MOE_HD inline
+#endif
+
+namespace hpc {
+namespace moe {
+
+constexpr int kScaleBlock = 128;  // block-wise scales: 128 x 128 weights,
+                                  // 1 x 128 activations
+constexpr int kTileK = 128;       // K bytes per pipeline stage = 1 scale block
+constexpr int kWgRows = 128;      // weight rows per consumer warpgroup
+constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
+constexpr int kMinTokenTile = 8;
+constexpr int kMaxTokenTile = 64;
+// Split-K partials are kept for at most this many gate-up CTAs, each
+// kCtaRows x kMinTokenTile floats (splitting is only chosen for 8-token
+// tiles); the per-output-tile arrival counters are as many.
+constexpr int kMaxSplitCtas = 512;
+constexpr int kMaxSplit = 8;
+
+struct MoeTiling {
+  int token_tile;      // tokens per GEMM tile: 8, 16, 32 or 64
+  int max_tiles;       // tiles over all local experts, at most (grid size)
+  int gate_up_blocks;  // 128-column blocks of the intermediate
+  int gate_up_split;   // K ranges of the gate-up GEMM, each its own CTA
+  int down_blocks;     // 256-row blocks of the hidden dimension
+};
+
+HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// num_experts: experts of the whole model (the router's range); the rank
+// holds num_local_experts of them.
+inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
+                            int num_experts, int hidden, int inter,
+                            int num_sms) {
+  MoeTiling t{};
+  const int64_t rows = int64_t(num_tokens) * topk;  // routed rows, at most
+  const int64_t all_experts = std::max(num_experts, num_local_experts);
+  // Rows per expert when the router spreads tokens evenly.
+  const int64_t per_expert = ceil_div(rows, all_experts);
+  t.token_tile = kMinTokenTile;
+  while (t.token_tile < per_expert && t.token_tile < kMaxTokenTile) {
+    t.token_tile *= 2;
+  }
+  // An expert with c rows takes ceil(c / tile) tiles, so all tiles number
+  // at most rows / tile + (experts with any row).
+  const int64_t experts_hit = std::min<int64_t>(num_local_experts, rows);
+  t.max_tiles = static_cast<int>(ceil_div(rows, t.token_tile) + experts_hit);
+  t.gate_up_blocks = static_cast<int>(ceil_div(inter, kWgRows));
+  t.down_blocks = static_cast<int>(ceil_div(hidden, kCtaRows));
+
+  // Gate-up CTAs expected with an even spread; split K when they would
+  // leave SMs idle (a few tokens), keeping at least two stages per split.
+  const int64_t local_rows = ceil_div(rows * num_local_experts, all_experts);
+  const int64_t active = std::min<int64_t>(num_local_experts, local_rows);
+  const int64_t ctas =
+      active * ceil_div(per_expert, t.token_tile) * t.gate_up_blocks;
+  const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
+  int split = 1;
+  if (t.token_tile == kMinTokenTile && ctas < num_sms) {
+    split = static_cast<int>(std::min<int64_t>(
+        {num_sms / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
+    split = std::max(split, 1);
+    const int64_t out_tiles = int64_t(t.max_tiles) * t.gate_up_blocks;
+    while (split > 1 && out_tiles * split > kMaxSplitCtas) --split;
+  }
+  t.gate_up_split = split;
+  return t;
+}
+
+}  // namespace moe
+}  // namespace hpc
