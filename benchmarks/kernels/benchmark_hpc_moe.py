@@ -847,6 +847,17 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                 rotated_touched_gb=round(rotated / 1e9, 3),
                 l2_scrub=scrub is not None,
                 ref_rows=len(rows),
+                tiling=dataclasses.asdict(
+                    env.hpc_ops.moe_tiling(
+                        case.tokens,
+                        TOPK,
+                        case.local_experts,
+                        NUM_EXPERTS,
+                        HIDDEN,
+                        inter,
+                        torch.cuda.get_device_properties(0).multi_processor_count,
+                    )
+                ),
             )
             if case.tp == "ep8":
                 extra["placement"] = (

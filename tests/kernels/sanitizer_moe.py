@@ -89,6 +89,16 @@ CASES: list[dict[str, object]] = [
         ),
         spare=11,
     ),
+    # One token on two experts: the gate-up GEMM splits its K over CTAs
+    # (8-token tile, split partials and the last-CTA merge), block-wise.
+    dict(
+        name="block-split-k-one-token",
+        weights=dict(
+            num_experts=8, hidden_size=2048, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(num_tokens=1, topk=2),
+        spare=3,
+    ),
 ]
 
 
@@ -121,25 +131,45 @@ def main() -> int:
         inputs = make_moe_inputs(weights, num_tokens, topk, seed=i, **inputs_kwargs)
         max_tokens = num_tokens + int(case["spare"])  # type: ignore[call-overload]
         ws = hpc_ops.MoeWorkspace.create(**inputs.workspace_kwargs(max_tokens))
-        inputs.poison_out()
-        hpc_ops.fused_moe_fp8(*inputs.op_args(), ws, **inputs.op_kwargs())
-        torch.cuda.synchronize()
-        try:
-            stats = check_moe(
-                inputs.out,
-                inputs.reference(),
-                unrouted=inputs.unrouted(),
-                shared_output=inputs.shared_output,
-                what=str(name),
+        tiling = hpc_ops.moe_tiling(
+            num_tokens,
+            topk,
+            weights.w13.shape[0],
+            inputs.num_global_experts,
+            weights.w13.shape[2],
+            weights.w2.shape[2],
+            torch.cuda.get_device_properties(0).multi_processor_count,
+        )
+        # Twice on one workspace: the second run finds the split-K counters
+        # the first one left behind.
+        for run in range(2):
+            inputs.poison_out()
+            hpc_ops.fused_moe_fp8(
+                *inputs.op_args(),
+                ws,
+                **inputs.op_kwargs(),
+                global_num_experts=inputs.num_global_experts,
             )
-        except AssertionError as err:
-            failures += 1
-            print(f"FAIL {name}: {err}")
-        else:
-            idle = int(inputs.unrouted().sum())
-            print(f"ok   {name}: {stats} (tokens with no local expert: {idle})")
+            torch.cuda.synchronize()
+            try:
+                stats = check_moe(
+                    inputs.out,
+                    inputs.reference(),
+                    unrouted=inputs.unrouted(),
+                    shared_output=inputs.shared_output,
+                    what=f"{name} run {run}",
+                )
+            except AssertionError as err:
+                failures += 1
+                print(f"FAIL {name} run {run}: {err}")
+            else:
+                idle = int(inputs.unrouted().sum())
+                print(
+                    f"ok   {name} run {run}: {stats} (tokens with no local "
+                    f"expert: {idle}; {tiling})"
+                )
     if failures:
-        print(f"sanitizer_moe: {failures} of {len(CASES)} cases failed")
+        print(f"sanitizer_moe: {failures} of {2 * len(CASES)} runs failed")
         return 1
     print(f"sanitizer_moe: all {len(CASES)} cases passed")
     return 0
