@@ -39,7 +39,6 @@ namespace moe {
 
 constexpr int kConsumerThreads = 2 * 128;
 constexpr int kGemmThreads = kConsumerThreads + 32;  // + producer warp
-constexpr int kGemmStages = 5;
 constexpr int kConsumerBarrier = 1;  // named barrier of both warpgroups
 constexpr int kGateBarrier = 2;      // named barrier of warpgroup 0
 
@@ -49,15 +48,20 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 template <int kTokens>
 struct GemmConfig {
   static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
+  // Narrow tiles keep few accumulators: two CTAs per SM with 3 stages each
+  // put more weight bytes in flight per SM than one CTA with 5, and halve
+  // the work per wave. Wide tiles need the registers of one CTA per SM.
+  static constexpr int kCtasPerSm = kTokens <= 16 ? 2 : 1;
+  static constexpr int kStages = kTokens <= 16 ? 3 : 5;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
   // One warpgroup's weight rows and the tile's token rows, per stage.
   using WeightLayout = decltype(cute::tile_to_shape(
       Atom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kTileK>,
-                          cute::Int<kGemmStages>>{}));
+                          cute::Int<kStages>>{}));
   using TokenLayout = decltype(cute::tile_to_shape(
       Atom{}, cute::Shape<cute::Int<kTokens>, cute::Int<kTileK>,
-                          cute::Int<kGemmStages>>{}));
+                          cute::Int<kStages>>{}));
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<
           Fp8, Fp8, float,
@@ -66,9 +70,9 @@ struct GemmConfig {
   static constexpr int kWgStageBytes = kWgRows * kTileK;
   static constexpr int kTokenStageBytes = kTokens * kTileK;
   // [warpgroup][stage] weights, then [stage] tokens; 1024-byte aligned.
-  static constexpr int kWeightBytes = 2 * kGemmStages * kWgStageBytes;
+  static constexpr int kWeightBytes = 2 * kStages * kWgStageBytes;
   static constexpr int kBytes =
-      kWeightBytes + kGemmStages * kTokenStageBytes + 1024;
+      kWeightBytes + kStages * kTokenStageBytes + 1024;
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
 };
 
@@ -215,7 +219,7 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
         cute::SM90_TMA_LOAD_4D::copy(
             weights, &full[stage],
             static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-            smem + (wg * kGemmStages + stage) * Config::kWgStageBytes,
+            smem + (wg * Config::kStages + stage) * Config::kWgStageBytes,
             kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
       }
     }
@@ -231,10 +235,10 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
     if (kb > kb_begin) {
       asm volatile("cp.async.wait_group 1;" ::: "memory");
       cutlass::arch::fence_view_async_shared();
-      const int prev = stage == 0 ? kGemmStages - 1 : stage - 1;
+      const int prev = stage == 0 ? Config::kStages - 1 : stage - 1;
       FullBarrier::arrive(&full[prev]);
     }
-    if (++stage == kGemmStages) {
+    if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;
     }
@@ -242,7 +246,7 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
   if (kb_end > kb_begin) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     cutlass::arch::fence_view_async_shared();
-    FullBarrier::arrive(&full[stage == 0 ? kGemmStages - 1 : stage - 1]);
+    FullBarrier::arrive(&full[stage == 0 ? Config::kStages - 1 : stage - 1]);
   }
 }
 
@@ -261,7 +265,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
 
   Tensor weights =
       make_tensor(make_smem_ptr(reinterpret_cast<Fp8*>(
-                      smem + wg * kGemmStages * Config::kWgStageBytes)),
+                      smem + wg * Config::kStages * Config::kWgStageBytes)),
                   typename Config::WeightLayout{});
   Tensor tokens = make_tensor(
       make_smem_ptr(reinterpret_cast<Fp8*>(smem + Config::kWeightBytes)),
@@ -320,7 +324,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
         }
       }
     }
-    if (++stage == kGemmStages) {
+    if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;
     }

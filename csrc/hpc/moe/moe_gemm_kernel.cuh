@@ -22,7 +22,7 @@ namespace moe {
 // kGateUp: the gate-up GEMM (weights: the 4-D map of w13 as
 // [E][gate|up][I][H]); otherwise the down GEMM (w2 as [E][1][H][I]).
 template <bool kGateUp, int kTokens>
-__global__ void __launch_bounds__(kGemmThreads, 1)
+__global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
     moe_gemm_kernel(const __grid_constant__ MoeParams p,
                     const __grid_constant__ CUtensorMap weights) {
   using namespace cute;
@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   extern __shared__ uint8_t gemm_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(gemm_smem_raw) + 1023) & ~uintptr_t(1023));
-  __shared__ uint64_t full[kGemmStages];
-  __shared__ uint64_t empty[kGemmStages];
+  __shared__ uint64_t full[Config::kStages];
+  __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];
   __shared__ int last_split;
 
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
   if (threadIdx.x == kConsumerThreads) prefetch_tma_descriptor(&weights);
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < kGemmStages; ++s) {
+    for (int s = 0; s < Config::kStages; ++s) {
       FullBarrier::init(&full[s], 1 + 32);  // expect_tx + producer lanes
       EmptyBarrier::init(&empty[s], kConsumerThreads / 32);
     }
