@@ -51,8 +51,9 @@ struct GemmConfig {
   // Narrow tiles keep few accumulators: two CTAs per SM with 3 stages each
   // put more weight bytes in flight per SM than one CTA with 5, and halve
   // the work per wave. Wide tiles need the registers of one CTA per SM.
-  static constexpr int kCtasPerSm = kTokens <= 16 ? 2 : 1;
-  static constexpr int kStages = kTokens <= 16 ? 3 : 5;
+  static constexpr bool kNarrow = kTokens <= kNarrowTile;
+  static constexpr int kCtasPerSm = kNarrow ? kNarrowTileCtasPerSm : 1;
+  static constexpr int kStages = kNarrow ? 3 : 5;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
   // One warpgroup's weight rows and the tile's token rows, per stage.

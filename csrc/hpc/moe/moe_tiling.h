@@ -33,6 +33,10 @@ constexpr int kMaxTokenTile = 64;
 // tiles); the per-output-tile arrival counters are as many.
 constexpr int kMaxSplitCtas = 512;
 constexpr int kMaxSplit = 8;
+// GEMM CTAs per SM with tiles of at most kNarrowTile tokens (few
+// accumulators: two fit); wider tiles run one CTA per SM.
+constexpr int kNarrowTile = 16;
+constexpr int kNarrowTileCtasPerSm = 2;
 
 struct MoeTiling {
   int token_tile;      // tokens per GEMM tile: 8, 16, 32 or 64
@@ -66,16 +70,17 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   t.down_blocks = static_cast<int>(ceil_div(hidden, kCtaRows));
 
   // Gate-up CTAs expected with an even spread; split K when they would
-  // leave SMs idle (a few tokens), keeping at least two stages per split.
+  // leave CTA slots idle (a few tokens), keeping two k-blocks per split.
   const int64_t local_rows = ceil_div(rows * num_local_experts, all_experts);
   const int64_t active = std::min<int64_t>(num_local_experts, local_rows);
   const int64_t ctas =
       active * ceil_div(per_expert, t.token_tile) * t.gate_up_blocks;
   const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
   int split = 1;
-  if (t.token_tile == kMinTokenTile && ctas < num_sms) {
+  const int64_t slots = int64_t(num_sms) * kNarrowTileCtasPerSm;
+  if (t.token_tile == kMinTokenTile && ctas < slots) {
     split = static_cast<int>(std::min<int64_t>(
-        {num_sms / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
+        {slots / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
     split = std::max(split, 1);
     const int64_t out_tiles = int64_t(t.max_tiles) * t.gate_up_blocks;
     while (split > 1 && out_tiles * split > kMaxSplitCtas) --split;
