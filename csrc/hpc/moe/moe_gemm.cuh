@@ -31,6 +31,7 @@
 #include <cute/tensor.hpp>
 
 #include "common/pdl.cuh"
+#include "common/search.cuh"
 #include "common/sync.cuh"
 #include "moe/moe_params.h"
 
@@ -85,20 +86,6 @@ struct TileInfo {
   int rows;  // rows in the tile (<= kTokens)
 };
 
-__device__ __forceinline__ int find_expert(const int32_t* tile_offset,
-                                           int num_experts, int tile) {
-  int lo = 0, hi = num_experts - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (tile_offset[mid] <= tile) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
 // False when the launch's tile bound exceeds the tiles this call needs.
 __device__ __forceinline__ bool find_tile(const MoeParams& p, int tile,
                                           TileInfo& info) {
@@ -107,7 +94,7 @@ __device__ __forceinline__ bool find_tile(const MoeParams& p, int tile,
   if (tile >= tile_offset[p.num_experts]) return false;
   const int32_t* expert_offset =
       reinterpret_cast<const int32_t*>(p.workspace + p.layout.expert_offset());
-  info.expert = find_expert(tile_offset, p.num_experts, tile);
+  info.expert = segment_of(tile_offset, p.num_experts, tile);
   info.row0 = expert_offset[info.expert] +
               (tile - tile_offset[info.expert]) * p.tiling.token_tile;
   info.rows =
