@@ -193,15 +193,19 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
             : nullptr;
   }
 
+  // The down GEMM's last row block may end past H (H % 256 == 128): its
+  // second warpgroup then gets no rows, computes on stale shared memory and
+  // stores nothing. (A gate-up block always starts below I.)
+  const int boxes = kGateUp || n0 + kWgRows < p.hidden ? 2 : 1;
+
   int stage = 0;
   uint32_t phase = 0;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     EmptyBarrier::wait(&empty[stage], phase ^ 1);
     if (lane == 0) {
       FullBarrier::arrive_and_expect_tx(&full[stage],
-                                        2 * Config::kWgStageBytes);
-#pragma unroll
-      for (int wg = 0; wg < 2; ++wg) {
+                                        boxes * Config::kWgStageBytes);
+      for (int wg = 0; wg < boxes; ++wg) {
         // Gate-up: (k, column, gate|up, expert); down: (k, row, 0, expert).
         const int row = kGateUp ? n0 : n0 + wg * kWgRows;
         cute::SM90_TMA_LOAD_4D::copy(
