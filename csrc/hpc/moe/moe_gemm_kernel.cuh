@@ -1,7 +1,7 @@
 // The grouped FP8 GEMM kernel of the fused MoE pipeline: tile lookup, the
 // producer / consumer split of moe_gemm.cuh and the epilogues of
-// moe_gemm_epilogue.cuh. Grid: x = column block (x split index for the
-// gate-up GEMM), y = token tile; CTAs past the tiles of this call return.
+// moe_gemm_epilogue.cuh. Grid: x = token tile, y = column block (x split
+// index for the gate-up GEMM); CTAs past the tiles of this call return.
 #pragma once
 
 #include <cuda.h>
@@ -49,11 +49,11 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   // The route tables and the quantized operands come from earlier stages.
   pdl_wait_for_producer();
   TileInfo tile;
-  if (!find_tile(p, blockIdx.y, tile)) return;
+  if (!find_tile(p, blockIdx.x, tile)) return;
 
   const int split = kGateUp ? p.tiling.gate_up_split : 1;
-  const int block = blockIdx.x / split;
-  const int split_index = blockIdx.x % split;
+  const int block = blockIdx.y / split;
+  const int split_index = blockIdx.y % split;
   const int n0 = block * (kGateUp ? kWgRows : kCtaRows);
   const int k_blocks = ceil_div(kGateUp ? p.hidden : p.inter, kTileK);
   const int kb_begin = split_index * k_blocks / split;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   if constexpr (kGateUp) {
     if constexpr (kTokens == kMinTokenTile) {
       if (split > 1) {
-        const int out_tile = blockIdx.y * p.tiling.gate_up_blocks + block;
+        const int out_tile = blockIdx.x * p.tiling.gate_up_blocks + block;
         if (!merge_split_k(p, out_tile, split_index, acc, &last_split)) return;
       }
     }

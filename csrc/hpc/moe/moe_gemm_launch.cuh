@@ -44,8 +44,10 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
   HPC_CUDA_CHECK(cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const MoeTiling& t = p.tiling;
-  const dim3 grid(kGateUp ? t.gate_up_blocks * t.gate_up_split : t.down_blocks,
-                  t.max_tiles);
+  // x: token tile (consecutive CTAs share an expert's weight block in L2),
+  // y: column block x split.
+  const dim3 grid(t.max_tiles,
+                  kGateUp ? t.gate_up_blocks * t.gate_up_split : t.down_blocks);
   launch_with_pdl(kernel, grid, dim3(kGemmThreads), kSmem, stream, p, weights);
 }
 
