@@ -129,8 +129,9 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
     const int tok = cute::get<1>(coord(i));
     float inv = inv_static;
     if (p.block_wise) {
+      // The scale stored above, inverted as the quantize stage does.
       const float m = __int_as_float(token_amax[tok]);
-      inv = m > 0.f ? kFp8E4m3Max / m : 1.f;
+      inv = 1.f / (m > 0.f ? m / kFp8E4m3Max : 1.f);
     }
     staged[tok * kWgRows + row] =
         __nv_cvt_float_to_fp8(acc(i) * inv, __NV_SATFINITE, __NV_E4M3);
