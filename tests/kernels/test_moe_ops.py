@@ -441,6 +441,10 @@ BAD_CASES = {
         inputs(shared_output=torch.empty(M, H, dtype=BF16)),
         "shared_output is on cpu",
     ),
+    "fewer-global-than-local-experts": (
+        inputs(global_num_experts=E - 1),
+        "global_num_experts",
+    ),
 }
 
 
