@@ -1520,6 +1520,7 @@ class MoeTiling:
     gate_up_blocks: int  # 128-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM
     down_blocks: int  # 256-row blocks of the hidden dimension
+    quantize_in_route: bool  # 16-bit inputs quantized by the route kernel
 
 
 def moe_tiling(
@@ -1548,8 +1549,8 @@ def moe_tiling(
         )
     _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
     _require_moe_op()
-    return MoeTiling(
-        *torch.ops._hpc_C.moe_tiling(
+    values = list(
+        torch.ops._hpc_C.moe_tiling(
             num_tokens,
             topk,
             num_local_experts,
@@ -1559,6 +1560,8 @@ def moe_tiling(
             num_sms,
         )
     )
+    values[-1] = bool(values[-1])
+    return MoeTiling(*values)
 
 
 if _LIBRARY_LOADED:

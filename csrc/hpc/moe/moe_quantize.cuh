@@ -18,16 +18,10 @@ namespace moe {
 
 constexpr int kQuantWarps = 8;
 
-// One warp per token; a lane holds 8 channels of each 256-channel chunk, so
-// a 1 x 128 group is 16 lanes.
+// One warp quantizes one token's row; a lane holds 8 channels of each
+// 256-channel chunk, so a 1 x 128 group is 16 lanes.
 template <typename T>
-__global__ void __launch_bounds__(kQuantWarps * 32)
-    moe_quantize_kernel(const MoeParams p) {
-  pdl_launch_dependents();
-  pdl_wait_for_producer();
-  const int lane = threadIdx.x % 32;
-  const int token = blockIdx.x * kQuantWarps + threadIdx.x / 32;
-  if (token >= p.num_tokens) return;
+__device__ void quantize_token(const MoeParams& p, int token, int lane) {
   const T* row = static_cast<const T*>(p.input) + token * p.input_stride;
   uint8_t* q = p.workspace + p.layout.input_q() + int64_t(token) * p.hidden;
   float* scale =
@@ -75,6 +69,28 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     }
     if (active) store8_fp8(q + c, v, inv);
   }
+}
+
+// The warps of a CTA quantize tokens [first, end) (16-bit inputs only).
+__device__ __forceinline__ void quantize_tokens(const MoeParams& p, int first,
+                                                int end) {
+  const int lane = threadIdx.x % 32;
+  const int warps = blockDim.x / 32;
+  for (int token = first + threadIdx.x / 32; token < end; token += warps) {
+    if (p.input_type == ElemType::kBf16) {
+      quantize_token<__nv_bfloat16>(p, token, lane);
+    } else {
+      quantize_token<__half>(p, token, lane);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    moe_quantize_kernel(const MoeParams p) {
+  pdl_launch_dependents();
+  pdl_wait_for_producer();
+  const int first = blockIdx.x * kQuantWarps;
+  quantize_tokens(p, first, min(first + kQuantWarps, p.num_tokens));
 }
 
 }  // namespace moe

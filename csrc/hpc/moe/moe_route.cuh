@@ -1,6 +1,7 @@
 // Route stage of the fused FP8 MoE pipeline: one CTA builds the per-expert
 // row counts, row offsets and token-tile offsets in shared memory, then the
-// expert-sorted row list (sorted row -> slot) and its inverse.
+// expert-sorted row list (sorted row -> slot) and its inverse; for a few
+// 16-bit tokens it also quantizes them (moe_quantize.cuh).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 
 #include "common/pdl.cuh"
 #include "moe/moe_params.h"
+#include "moe/moe_quantize.cuh"
 
 namespace hpc {
 namespace moe {
@@ -101,6 +103,10 @@ __global__ void __launch_bounds__(kRouteThreads)
       row_slot[row] = s;
     }
     slot_row[s] = row;
+  }
+  // A few 16-bit tokens: quantize them here and save the quantize launch.
+  if (p.tiling.quantize_in_route && p.input_type != ElemType::kFp8E4m3) {
+    quantize_tokens(p, 0, p.num_tokens);
   }
 }
 

@@ -37,13 +37,17 @@ constexpr int kMaxSplit = 8;
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
+// Up to this many 16-bit tokens are quantized by the route CTA (32 warps)
+// instead of a quantize launch of their own.
+constexpr int kRouteQuantizeTokens = 64;
 
 struct MoeTiling {
-  int token_tile;      // tokens per GEMM tile: 8, 16, 32 or 64
-  int max_tiles;       // tiles over all local experts, at most (grid size)
-  int gate_up_blocks;  // 128-column blocks of the intermediate
-  int gate_up_split;   // K ranges of the gate-up GEMM, each its own CTA
-  int down_blocks;     // 256-row blocks of the hidden dimension
+  int token_tile;          // tokens per GEMM tile: 8, 16, 32 or 64
+  int max_tiles;           // tiles over all local experts, at most (grid size)
+  int gate_up_blocks;      // 128-column blocks of the intermediate
+  int gate_up_split;       // K ranges of the gate-up GEMM, each its own CTA
+  int down_blocks;         // 256-row blocks of the hidden dimension
+  bool quantize_in_route;  // 16-bit inputs: the route CTA quantizes them
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -86,6 +90,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     while (split > 1 && out_tiles * split > kMaxSplitCtas) --split;
   }
   t.gate_up_split = split;
+  t.quantize_in_route = num_tokens <= kRouteQuantizeTokens;
   return t;
 }
 
