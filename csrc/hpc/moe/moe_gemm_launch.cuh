@@ -7,8 +7,8 @@
 
 #include <stdexcept>
 
-#include "common/cuda_check.h"
 #include "common/pdl.cuh"
+#include "common/smem_config.h"
 #include "common/tma_desc.h"
 #include "moe/moe_gemm_kernel.cuh"
 #include "moe/moe_params.h"
@@ -41,8 +41,8 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
                       cudaStream_t stream) {
   auto kernel = moe_gemm_kernel<kGateUp, kTokens>;
   constexpr int kSmem = GemmConfig<kTokens>::kBytes;
-  HPC_CUDA_CHECK(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  // Narrow tiles: kNarrowTileCtasPerSm CTAs side by side.
+  configure_smem(kernel, kSmem, "fused_moe_fp8");
   const MoeTiling& t = p.tiling;
   // x: token tile (consecutive CTAs share an expert's weight block in L2),
   // y: column block x split.

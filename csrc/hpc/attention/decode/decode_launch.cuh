@@ -2,14 +2,10 @@
 // per-head-size translation units so that they compile in parallel.
 #pragma once
 
-#include <stdexcept>
-#include <string>
-
 #include "attention/decode/decode.h"
 #include "attention/decode/decode_kernel.cuh"
-#include "common/cuda_check.h"
-#include "common/device_info.h"
 #include "common/pdl.cuh"
+#include "common/smem_config.h"
 
 namespace hpc {
 namespace decode {
@@ -18,21 +14,9 @@ template <int kHeadDim, typename KvT, int kTokenGroups>
 void launch_typed(const DecodeParams& params, const CUtensorMap& k_map,
                   const CUtensorMap& v_map, int grid, cudaStream_t stream) {
   using Smem = SmemPlan<kHeadDim, sizeof(KvT)>;
-  const DeviceInfo& device = current_device_info();
-  if (Smem::kBytes > device.max_smem_per_block) {
-    throw std::invalid_argument(
-        "decode_attention: needs " + std::to_string(Smem::kBytes) +
-        " bytes of shared memory per block, the device offers " +
-        std::to_string(device.max_smem_per_block));
-  }
   auto kernel = decode_kernel<kHeadDim, KvT, kTokenGroups>;
-  HPC_CUDA_CHECK(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem::kBytes));
-  // All of the SM's unified L1/shared storage as shared memory, so that
-  // kCtasPerSm rings fit side by side.
-  HPC_CUDA_CHECK(cudaFuncSetAttribute(
-      kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-      cudaSharedmemCarveoutMaxShared));
+  // kCtasPerSm rings side by side.
+  configure_smem(kernel, Smem::kBytes, "decode_attention");
   launch_with_pdl(kernel, dim3(grid), dim3(kDecodeThreads), Smem::kBytes,
                   stream, params, k_map, v_map);
 }
