@@ -691,7 +691,7 @@ def test_tiling_invariants(config: str, sms: int) -> None:
         assert t.gate_up_blocks == math.ceil(inter / 128)
         assert t.down_blocks == math.ceil(hidden / 256)
         assert t.max_tiles >= 1
-        assert t.quantize_in_route == (tokens <= 64)
+        assert t.quantize_in_route == (tokens <= 16)
         assert 1 <= t.gate_up_split <= 8
         if t.gate_up_split > 1:
             # Split partials hold 8-token tiles, at most 512 CTAs' worth, and

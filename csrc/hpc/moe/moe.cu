@@ -28,9 +28,10 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
                   2 * p.num_experts * sizeof(int), stream, p);
   if (p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route) {
-    launch_with_pdl(moe_quantize_kernel,
-                    dim3((p.num_tokens + kQuantWarps - 1) / kQuantWarps),
-                    dim3(kQuantWarps * 32), 0, stream, p);
+    launch_with_pdl(
+        moe_quantize_kernel,
+        dim3((p.num_tokens + kQuantTokensPerCta - 1) / kQuantTokensPerCta),
+        dim3(kQuantWarps * 32), 0, stream, p);
   }
   launch_gate_up_gemm(p, stream);
   launch_down_gemm(p, stream);

@@ -17,70 +17,134 @@ namespace hpc {
 namespace moe {
 
 constexpr int kQuantWarps = 8;
+constexpr int kQuantTokensPerCta = 2;
+constexpr int kChunkChannels = 256;  // 32 lanes x 8 channels
+// Chunks a warp loads before it converts any: the loads of one item are in
+// flight together (one memory latency per item, not per chunk).
+constexpr int kChunksPerItem = 4;
+// Tokens one quantize_tokens call takes at most.
+constexpr int kMaxQuantTokens = kRouteQuantizeTokens;
+static_assert(kQuantTokensPerCta <= kMaxQuantTokens);
 
-// One warp quantizes one token's row; a lane holds 8 channels of each
-// 256-channel chunk, so a 1 x 128 group is 16 lanes.
 template <typename T>
-__device__ void quantize_token(const MoeParams& p, int token, int lane) {
-  const T* row = static_cast<const T*>(p.input) + token * p.input_stride;
-  uint8_t* q = p.workspace + p.layout.input_q() + int64_t(token) * p.hidden;
-  float* scale =
-      reinterpret_cast<float*>(p.workspace + p.layout.input_scale()) +
-      int64_t(token) * (p.hidden / kScaleBlock);
-  const bool per_token = !p.block_wise && p.a1_scale == nullptr;
-  float inv_static = 1.f;
-  if (!p.block_wise && p.a1_scale) inv_static = 1.f / *p.a1_scale;
-  float inv_token = 1.f;
-  if (per_token) {
-    float amax = 0.f;
-    for (int c = lane * 8; c < p.hidden; c += 256) {
-      float v[8];
-      load8(row + c, v);
+__device__ __forceinline__ const T* input_row(const MoeParams& p, int token) {
+  return static_cast<const T*>(p.input) + int64_t(token) * p.input_stride;
+}
+
+__device__ __forceinline__ float* input_scales(const MoeParams& p, int token) {
+  return reinterpret_cast<float*>(p.workspace + p.layout.input_scale()) +
+         int64_t(token) * (p.hidden / kScaleBlock);
+}
+
+// This lane's 8 channels of chunks [chunk0, chunk0 + kChunksPerItem) of a
+// row (zeros past H), all loads issued before any is used.
+template <typename T>
+__device__ __forceinline__ void load_item(const MoeParams& p, int token,
+                                          int chunk0, int lane,
+                                          float (&v)[kChunksPerItem][8]) {
+  const T* row = input_row<T>(p, token);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-    }
+  for (int j = 0; j < kChunksPerItem; ++j) {
+    const int c = (chunk0 + j) * kChunkChannels + lane * 8;
+    if (c < p.hidden) {
+      load8(row + c, v[j]);
+    } else {
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      for (int i = 0; i < 8; ++i) v[j][i] = 0.f;
     }
-    const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
-    if (lane == 0) scale[0] = s;
-    inv_token = 1.f / s;
   }
-  // Whole chunks per iteration so that every lane takes part in the group
-  // shuffles (H % 128 == 0: a 16-lane group is all in or all out).
-  for (int base = 0; base < p.hidden; base += 256) {
-    const int c = base + lane * 8;
+}
+
+// Per-token dynamic scale (amax / 448) of one row, by one warp; stored for
+// the GEMM, returned inverted.
+template <typename T>
+__device__ float quantize_token_scale(const MoeParams& p, int token, int lane) {
+  float amax = 0.f;
+  for (int chunk0 = 0; chunk0 * kChunkChannels < p.hidden;
+       chunk0 += kChunksPerItem) {
+    float v[kChunksPerItem][8];
+    load_item<T>(p, token, chunk0, lane, v);
+#pragma unroll
+    for (int j = 0; j < kChunksPerItem; ++j) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[j][i]));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  }
+  const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
+  if (lane == 0) input_scales(p, token)[0] = s;
+  return 1.f / s;
+}
+
+// kChunksPerItem chunks of one token's row, by one warp. A lane holds 8
+// channels of a chunk, so a 1 x 128 group (block-wise) is 16 lanes; `inv` is
+// the inverse scale of the per-tensor modes.
+template <typename T>
+__device__ void quantize_item(const MoeParams& p, int token, int chunk0,
+                              float inv, int lane) {
+  float v[kChunksPerItem][8];
+  load_item<T>(p, token, chunk0, lane, v);
+  uint8_t* q = p.workspace + p.layout.input_q() + int64_t(token) * p.hidden;
+#pragma unroll
+  for (int j = 0; j < kChunksPerItem; ++j) {
+    const int c = (chunk0 + j) * kChunkChannels + lane * 8;
+    // H % 128 == 0: a 16-lane group is all in or all out, and every lane
+    // takes part in the shuffles.
     const bool active = c < p.hidden;
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (active) load8(row + c, v);
-    float inv = per_token ? inv_token : inv_static;
+    float inv_j = inv;
     if (p.block_wise) {
       float amax = 0.f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[j][i]));
 #pragma unroll
       for (int o = 8; o > 0; o /= 2) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       }
       const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
-      if (active && lane % 16 == 0) scale[c / kScaleBlock] = s;
-      inv = 1.f / s;
+      if (active && lane % 16 == 0) {
+        input_scales(p, token)[c / kScaleBlock] = s;
+      }
+      inv_j = 1.f / s;
     }
-    if (active) store8_fp8(q + c, v, inv);
+    if (active) store8_fp8(q + c, v[j], inv_j);
   }
 }
 
-// The warps of a CTA quantize tokens [first, end) (16-bit inputs only).
-__device__ __forceinline__ void quantize_tokens(const MoeParams& p, int first,
-                                                int end) {
+// The whole CTA quantizes tokens [first, end), end - first <=
+// kMaxQuantTokens (16-bit inputs only). Work is split into items of
+// kChunksPerItem x 256 channels, so one token spreads over several warps;
+// per-token dynamic scales take a pass over the rows first.
+__device__ void quantize_tokens(const MoeParams& p, int first, int end) {
+  __shared__ float token_inv[kMaxQuantTokens];
   const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const int warps = blockDim.x / 32;
-  for (int token = first + threadIdx.x / 32; token < end; token += warps) {
-    if (p.input_type == ElemType::kBf16) {
-      quantize_token<__nv_bfloat16>(p, token, lane);
+  const bool bf16 = p.input_type == ElemType::kBf16;
+  const bool per_token = !p.block_wise && p.a1_scale == nullptr;
+  if (per_token) {
+    for (int token = first + warp; token < end; token += warps) {
+      const float inv =
+          bf16 ? quantize_token_scale<__nv_bfloat16>(p, token, lane)
+               : quantize_token_scale<__half>(p, token, lane);
+      if (lane == 0) token_inv[token - first] = inv;
+    }
+    __syncthreads();
+  }
+  const float inv_static =
+      !p.block_wise && p.a1_scale != nullptr ? 1.f / *p.a1_scale : 1.f;
+  const int chunks = (p.hidden + kChunkChannels - 1) / kChunkChannels;
+  const int items = (chunks + kChunksPerItem - 1) / kChunksPerItem;
+  for (int i = warp; i < (end - first) * items; i += warps) {
+    const int token = first + i / items;
+    const int chunk0 = (i % items) * kChunksPerItem;
+    const float inv = per_token ? token_inv[token - first] : inv_static;
+    if (bf16) {
+      quantize_item<__nv_bfloat16>(p, token, chunk0, inv, lane);
     } else {
-      quantize_token<__half>(p, token, lane);
+      quantize_item<__half>(p, token, chunk0, inv, lane);
     }
   }
 }
@@ -89,8 +153,8 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     moe_quantize_kernel(const MoeParams p) {
   pdl_launch_dependents();
   pdl_wait_for_producer();
-  const int first = blockIdx.x * kQuantWarps;
-  quantize_tokens(p, first, min(first + kQuantWarps, p.num_tokens));
+  const int first = blockIdx.x * kQuantTokensPerCta;
+  quantize_tokens(p, first, min(first + kQuantTokensPerCta, p.num_tokens));
 }
 
 }  // namespace moe

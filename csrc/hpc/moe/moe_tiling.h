@@ -37,9 +37,10 @@ constexpr int kMaxSplit = 8;
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
-// Up to this many 16-bit tokens are quantized by the route CTA (32 warps)
-// instead of a quantize launch of their own.
-constexpr int kRouteQuantizeTokens = 64;
+// Up to this many 16-bit tokens are quantized by the route CTA (32 warps:
+// two items of 1024 channels per warp at H = 4096) instead of a quantize
+// launch of their own.
+constexpr int kRouteQuantizeTokens = 16;
 
 struct MoeTiling {
   int token_tile;          // tokens per GEMM tile: 8, 16, 32 or 64
