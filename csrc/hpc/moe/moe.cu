@@ -18,6 +18,9 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
       (p.block_wise && p.inter % kScaleBlock != 0)) {
     throw std::invalid_argument("fused_moe_fp8: unsupported hidden/inter size");
   }
+  if (p.topk < 1 || p.topk > kMaxTopk) {
+    throw std::invalid_argument("fused_moe_fp8: topk must be in [1, 16]");
+  }
   if (p.tiling.gate_up_split > 1 &&
       (p.tiling.token_tile != kMinTokenTile || int64_t(p.tiling.max_tiles) *
                                                        p.tiling.gate_up_blocks *

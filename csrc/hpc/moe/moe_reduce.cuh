@@ -16,15 +16,28 @@ namespace hpc {
 namespace moe {
 
 constexpr int kReduceThreads = 256;
+constexpr int kMaxTopk = 16;
+// Expert rows whose loads a thread has in flight together.
+constexpr int kReduceBatch = 4;
 
 // out[t] = sum_j w[t, j] * down_row(t, j) (+ shared[t]), in top-k order.
+// The token's rows and weights are read once into shared memory; a thread
+// then loads kReduceBatch rows' channels before it adds any.
 __global__ void __launch_bounds__(kReduceThreads)
     moe_reduce_kernel(const MoeParams p) {
+  __shared__ int expert_row[kMaxTopk];  // -1: expert not on this rank
+  __shared__ float weight[kMaxTopk];
   pdl_launch_dependents();
   pdl_wait_for_producer();
   const int token = blockIdx.x;
-  const int32_t* slot_row =
-      reinterpret_cast<const int32_t*>(p.workspace + p.layout.slot_row());
+  if (threadIdx.x < p.topk) {
+    const int slot = token * p.topk + threadIdx.x;
+    const int32_t* slot_row =
+        reinterpret_cast<const int32_t*>(p.workspace + p.layout.slot_row());
+    expert_row[threadIdx.x] = slot_row[slot];
+    weight[threadIdx.x] = p.router_weight_on_input ? 1.f : p.topk_weights[slot];
+  }
+  __syncthreads();
   const __nv_bfloat16* rows = reinterpret_cast<const __nv_bfloat16*>(
       p.workspace + p.layout.down_rows());
   for (int c = threadIdx.x * 8; c < p.hidden; c += kReduceThreads * 8) {
@@ -43,15 +56,27 @@ __global__ void __launch_bounds__(kReduceThreads)
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] = 0.f;
     }
-    for (int j = 0; j < p.topk; ++j) {
-      const int slot = token * p.topk + j;
-      const int r = slot_row[slot];
-      if (r < 0) continue;
-      const float w = p.router_weight_on_input ? 1.f : p.topk_weights[slot];
-      float v[8];
-      load8(rows + int64_t(r) * p.hidden + c, v);
+    for (int j0 = 0; j0 < p.topk; j0 += kReduceBatch) {
+      float v[kReduceBatch][8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * v[i];
+      for (int b = 0; b < kReduceBatch; ++b) {
+        const int j = j0 + b;
+        const int r = j < p.topk ? expert_row[j] : -1;
+        if (r >= 0) {
+          load8(rows + int64_t(r) * p.hidden + c, v[b]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[b][i] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kReduceBatch; ++b) {
+        const int j = j0 + b;
+        if (j < p.topk && expert_row[j] >= 0) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) acc[i] += weight[j] * v[b][i];
+        }
+      }
     }
     const int64_t offset = int64_t(token) * p.out_stride + c;
     if (p.out_type == ElemType::kBf16) {
