@@ -29,7 +29,7 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
     throw std::invalid_argument("fused_moe_fp8: split-K tiling out of range");
   }
   launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
-                  2 * p.num_experts * sizeof(int), stream, p);
+                  3 * p.num_experts * sizeof(int), stream, p);
   if (p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route) {
     launch_with_pdl(
         moe_quantize_kernel,

@@ -31,7 +31,6 @@
 #include <cute/tensor.hpp>
 
 #include "common/pdl.cuh"
-#include "common/search.cuh"
 #include "common/sync.cuh"
 #include "moe/moe_params.h"
 
@@ -78,28 +77,17 @@ struct GemmConfig {
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
 };
 
-// Which expert and rows a CTA's token tile covers (from the route's tile
-// offsets) and where its tokens come from.
-struct TileInfo {
-  int expert;
-  int row0;  // first expert-sorted row of the tile
-  int rows;  // rows in the tile (<= kTokens)
-};
-
-// False when the launch's tile bound exceeds the tiles this call needs.
+// The CTA's token tile from the route's table; false when the launch's
+// tile bound exceeds the tiles this call needs. Both loads go out together.
 __device__ __forceinline__ bool find_tile(const MoeParams& p, int tile,
                                           TileInfo& info) {
   const int32_t* tile_offset =
       reinterpret_cast<const int32_t*>(p.workspace + p.layout.tile_offset());
-  if (tile >= tile_offset[p.num_experts]) return false;
-  const int32_t* expert_offset =
-      reinterpret_cast<const int32_t*>(p.workspace + p.layout.expert_offset());
-  info.expert = segment_of(tile_offset, p.num_experts, tile);
-  info.row0 = expert_offset[info.expert] +
-              (tile - tile_offset[info.expert]) * p.tiling.token_tile;
-  info.rows =
-      min(p.tiling.token_tile, expert_offset[info.expert + 1] - info.row0);
-  return true;
+  const TileInfo* infos =
+      reinterpret_cast<const TileInfo*>(p.workspace + p.layout.tile_info());
+  const int tiles = tile_offset[p.num_experts];
+  info = infos[tile];  // in the buffer even past `tiles`
+  return tile < tiles;
 }
 
 // Token rows of the B operand and the rows their activation scales are
@@ -161,9 +149,34 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
                : "memory");
 }
 
-// Producer warp: weight rows by TMA, token rows by cp.async, k-blocks
-// [kb_begin, kb_end). A lane marks a stage full once its own cp.async
-// copies landed and are fenced for the tensor cores' async proxy.
+// Weight boxes of k-block `kb` into `stage`, by one thread: the first
+// stages go out as soon as the tile is known, before the token rows are.
+template <bool kGateUp, int kTokens>
+__device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
+                             const TileInfo& tile, int n0, int kb, int stage,
+                             uint64_t* full, uint8_t* smem) {
+  using Config = GemmConfig<kTokens>;
+  // The down GEMM's last row block may end past H (H % 256 == 128): its
+  // second warpgroup then gets no rows, computes on stale shared memory and
+  // stores nothing. (A gate-up block always starts below I.)
+  const int boxes = kGateUp || n0 + kWgRows < p.hidden ? 2 : 1;
+  FullBarrier::arrive_and_expect_tx(&full[stage],
+                                    boxes * Config::kWgStageBytes);
+  for (int wg = 0; wg < boxes; ++wg) {
+    // Gate-up: (k, column, gate|up, expert); down: (k, row, 0, expert).
+    const int row = kGateUp ? n0 : n0 + wg * kWgRows;
+    cute::SM90_TMA_LOAD_4D::copy(
+        weights, &full[stage],
+        static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+        smem + (wg * Config::kStages + stage) * Config::kWgStageBytes,
+        kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
+  }
+}
+
+// Producer warp: weight rows by TMA (the first kStages k-blocks' already
+// issued by the kernel), token rows by cp.async, k-blocks [kb_begin,
+// kb_end). A lane marks a stage full once its own cp.async copies landed
+// and are fenced for the tensor cores' async proxy.
 template <bool kGateUp, int kTokens>
 __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                             const TileInfo& tile, int n0, const int64_t* src,
@@ -193,26 +206,14 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
             : nullptr;
   }
 
-  // The down GEMM's last row block may end past H (H % 256 == 128): its
-  // second warpgroup then gets no rows, computes on stale shared memory and
-  // stores nothing. (A gate-up block always starts below I.)
-  const int boxes = kGateUp || n0 + kWgRows < p.hidden ? 2 : 1;
-
   int stage = 0;
   uint32_t phase = 0;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
-    EmptyBarrier::wait(&empty[stage], phase ^ 1);
-    if (lane == 0) {
-      FullBarrier::arrive_and_expect_tx(&full[stage],
-                                        boxes * Config::kWgStageBytes);
-      for (int wg = 0; wg < boxes; ++wg) {
-        // Gate-up: (k, column, gate|up, expert); down: (k, row, 0, expert).
-        const int row = kGateUp ? n0 : n0 + wg * kWgRows;
-        cute::SM90_TMA_LOAD_4D::copy(
-            weights, &full[stage],
-            static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
-            smem + (wg * Config::kStages + stage) * Config::kWgStageBytes,
-            kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
+    if (kb - kb_begin >= Config::kStages) {
+      EmptyBarrier::wait(&empty[stage], phase ^ 1);
+      if (lane == 0) {
+        load_weights<kGateUp, kTokens>(p, weights, tile, n0, kb, stage, full,
+                                       smem);
       }
     }
 #pragma unroll

@@ -45,6 +45,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
     }
     cutlass::arch::fence_barrier_init();
   }
+  __syncthreads();  // barriers initialized before the producer's first copy
   pdl_launch_dependents();
   // The route tables and the quantized operands come from earlier stages.
   pdl_wait_for_producer();
@@ -58,6 +59,15 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   const int k_blocks = ceil_div(kGateUp ? p.hidden : p.inter, kTileK);
   const int kb_begin = split_index * k_blocks / split;
   const int kb_end = (split_index + 1) * k_blocks / split;
+  if (threadIdx.x == kConsumerThreads) {
+    // The weights need only the tile: their first stages go out now, while
+    // the token rows are looked up.
+    for (int kb = kb_begin; kb < min(kb_end, kb_begin + Config::kStages);
+         ++kb) {
+      load_weights<kGateUp, kTokens>(p, &weights, tile, n0, kb, kb - kb_begin,
+                                     full, smem);
+    }
+  }
   for (int t = threadIdx.x; t < kTokens; t += kGemmThreads) {
     token_src[t] =
         t < tile.rows ? TokenSource<kGateUp>::row_of(p, tile.row0 + t) : 0;

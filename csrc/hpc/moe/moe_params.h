@@ -43,9 +43,17 @@ struct MoeWorkspaceLayout {
   HPC_MOE_HD int64_t tile_offset() const {
     return expert_offset() + align(4 * (num_experts + 1));
   }
+  // Token tiles over all experts, at most (tiles of kMinTokenTile rows).
+  HPC_MOE_HD int64_t max_tile_infos() const {
+    return (max_rows() + kMinTokenTile - 1) / kMinTokenTile + num_experts;
+  }
+  // TileInfo [max_tile_infos]: each token tile's expert and rows.
+  HPC_MOE_HD int64_t tile_info() const {
+    return tile_offset() + align(4 * (num_experts + 1));
+  }
   // int32 [max_rows]: sorted row -> slot (token * topk + j).
   HPC_MOE_HD int64_t row_slot() const {
-    return tile_offset() + align(4 * (num_experts + 1));
+    return tile_info() + align(16 * max_tile_infos());
   }
   // int32 [max_rows]: slot -> sorted row, -1 if the expert is not local.
   HPC_MOE_HD int64_t slot_row() const {
@@ -87,6 +95,14 @@ struct ScaleView {
   HPC_MOE_HD float at(int64_t i0, int64_t i1, int64_t i2 = 0) const {
     return ptr[i0 * s0 + i1 * s1 + i2 * s2];
   }
+};
+
+// One token tile of the grouped GEMMs, written by the route stage.
+struct alignas(16) TileInfo {
+  int expert;
+  int row0;  // first expert-sorted row of the tile
+  int rows;  // rows in the tile (<= the token tile)
+  int unused;
 };
 
 struct MoeParams {

@@ -33,8 +33,9 @@ constexpr int kRouteThreads = 1024;
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_kernel(const MoeParams p) {
   extern __shared__ int route_smem[];
-  int* count = route_smem;                   // [E]
-  int* cursor = route_smem + p.num_experts;  // [E]
+  int* count = route_smem;                           // [E]
+  int* cursor = route_smem + p.num_experts;          // [E]: next sorted row
+  int* first_tile = route_smem + 2 * p.num_experts;  // [E]
   pdl_launch_dependents();
   pdl_wait_for_producer();
 
@@ -85,6 +86,7 @@ __global__ void __launch_bounds__(kRouteThreads)
       expert_offset[e] = row;
       tile_offset[e] = tile;
       cursor[e] = row;
+      first_tile[e] = tile;
       row += count[e];
       tile += (count[e] + tile_rows - 1) / tile_rows;
     }
@@ -94,6 +96,17 @@ __global__ void __launch_bounds__(kRouteThreads)
     }
   }
   __syncthreads();
+
+  // The GEMMs' tile table: one entry per token tile.
+  TileInfo* infos =
+      reinterpret_cast<TileInfo*>(p.workspace + p.layout.tile_info());
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    const int end = cursor[e] + count[e];
+    for (int t = 0, row = cursor[e]; row < end; ++t, row += tile_rows) {
+      infos[first_tile[e] + t] = TileInfo{e, row, min(tile_rows, end - row), 0};
+    }
+  }
+  __syncthreads();  // cursor[] is advanced below
 
   for (int s = threadIdx.x; s < slots; s += blockDim.x) {
     const int e = local_expert(p, s);
