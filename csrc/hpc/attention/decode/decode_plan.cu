@@ -6,7 +6,6 @@
 
 #include "attention/decode/decode_plan.h"
 #include "common/pdl.cuh"
-#include "common/search.cuh"
 
 namespace hpc {
 namespace decode {
@@ -42,6 +41,20 @@ __device__ int block_exclusive_sum(int value, int* warp_sums, int* total) {
   *total = warp_sums[num_warps - 1];
   __syncthreads();  // warp_sums may be reused by the next call
   return before + inclusive - value;
+}
+
+// The unit holding granule x: the largest u with offset[u] <= x.
+__device__ int find_unit(const int32_t* offset, int num_units, int x) {
+  int lo = 0, hi = num_units - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offset[mid] <= x) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
 }
 
 __global__ void __launch_bounds__(kMaxPlannerThreads)
@@ -102,7 +115,7 @@ __global__ void __launch_bounds__(kMaxPlannerThreads)
   for (int c = threadIdx.x; c < num_ctas; c += blockDim.x) {
     const int x = static_cast<int>(cta_begin(c, total, num_ctas));
     begin[c] = x;
-    first_unit[c] = segment_of(offset, num_units, x);  // unit holding x
+    first_unit[c] = find_unit(offset, num_units, x);
   }
   if (threadIdx.x == 0) {
     begin[num_ctas] = total;
