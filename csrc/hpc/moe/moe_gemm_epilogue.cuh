@@ -63,6 +63,7 @@ __device__ bool merge_split_k(const MoeParams& p, int out_tile, int split_index,
 #pragma unroll
   for (int i = 0; i < cute::size(acc); ++i) {
     float sum = 0.f;
+#pragma unroll 4
     for (int s = 0; s < split; ++s) {
       sum += __ldcg(first + s * kSlot + i * kConsumerThreads + t);
     }

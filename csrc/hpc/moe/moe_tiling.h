@@ -32,7 +32,7 @@ constexpr int kMaxTokenTile = 64;
 // kCtaRows x kMinTokenTile floats (splitting is only chosen for 8-token
 // tiles); the per-output-tile arrival counters are as many.
 constexpr int kMaxSplitCtas = 512;
-constexpr int kMaxSplit = 8;
+constexpr int kMaxSplit = 16;
 // GEMM CTAs per SM with tiles of at most kNarrowTile tokens (few
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
