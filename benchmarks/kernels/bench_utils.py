@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import importlib
 import json
 import math
 import os
@@ -279,6 +280,32 @@ def print_progress(
     )
     for line in failed:
         print(f"      {line}")
+
+
+def import_error(module: str, name: str | None = None) -> str | None:
+    """Why ``module`` (and ``name`` in it) cannot be imported, or None."""
+    try:
+        found = importlib.import_module(module)
+        if name is not None:
+            getattr(found, name)
+    except Exception as err:  # noqa: BLE001 - absent or broken
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def missing_baselines(
+    sources: dict[str, tuple[str, str | None]], wanted: Sequence[str]
+) -> dict[str, str]:
+    """The wanted baselines whose (module, name) does not import, each with
+    the reason (also printed)."""
+    missing = {}
+    for baseline, (module, name) in sources.items():
+        if baseline in wanted:
+            why = import_error(module, name)
+            if why is not None:
+                missing[baseline] = why
+                print(f"{baseline} skipped: {why}")
+    return missing
 
 
 def short_error(err: BaseException | str) -> str:

@@ -83,6 +83,7 @@ from bench_utils import (
     import_hpc_ops,
     json_float,
     measure_copy_bandwidth_gbps,
+    missing_baselines,
     print_progress,
     print_table,
     short_error,
@@ -479,16 +480,6 @@ def make_flex(case: Case, layout: Layout) -> Impl:
     return run
 
 
-def triton_unavailable() -> str | None:
-    try:
-        from vllm.v1.attention.ops.triton_unified_attention import (  # noqa: F401
-            unified_attention,
-        )
-    except Exception as err:  # noqa: BLE001 - vLLM absent or broken
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
 def make_triton(case: Case, layout: Layout) -> Impl:
     """vLLM's Triton backend call (triton_attn.py), with its split-KV (3D)
     scratch sized as the backend sizes it."""
@@ -543,14 +534,6 @@ def make_triton(case: Case, layout: Layout) -> Impl:
         return s.out
 
     return run
-
-
-def flashinfer_unavailable() -> str | None:
-    try:
-        import flashinfer  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - not installed or broken
-        return f"{type(err).__name__}: {err}"
-    return None
 
 
 def make_flashinfer(case: Case, layout: Layout) -> Impl:
@@ -1022,16 +1005,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmark_hpc_decode: no case matches {args.cases!r}")
         return 1
 
-    missing = {}
-    for name, probe in (
-        (TRITON, triton_unavailable),
-        (FLASHINFER, flashinfer_unavailable),
-    ):
-        if name in opts.baselines:
-            why = probe()
-            if why is not None:
-                missing[name] = why
-                print(f"{name} skipped: {why}")
+    missing = missing_baselines(
+        {
+            TRITON: (
+                "vllm.v1.attention.ops.triton_unified_attention",
+                "unified_attention",
+            ),
+            FLASHINFER: ("flashinfer", None),
+        },
+        opts.baselines,
+    )
     bandwidth = measure_copy_bandwidth_gbps()
     torch.cuda.empty_cache()
     env = Env(

@@ -96,6 +96,7 @@ from bench_utils import (
     json_float,
     measure_copy_bandwidth_gbps,
     median_ms,
+    missing_baselines,
     new_events,
     print_progress,
     print_table,
@@ -593,16 +594,6 @@ def make_torch(case: Case, problem: Problem) -> Impl:
     return run
 
 
-def fused_experts_unavailable() -> str | None:
-    try:
-        from vllm.model_executor.layers.fused_moe.fused_moe import (  # noqa: F401
-            fused_experts,
-        )
-    except Exception as err:  # noqa: BLE001 - vLLM absent or broken
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
 def make_fused_experts(case: Case, problem: Problem, sets: list[InputSet]) -> Impl:
     """vLLM's Triton ``fused_experts`` with the same FP8 scheme: a quant
     config on releases that take one, the older keyword flags otherwise."""
@@ -988,12 +979,15 @@ def main(argv: list[str] | None = None) -> int:
         baselines=tuple(b for b in args.baselines.split(",") if b),
         max_weight_bytes=int(max_weight_gb * 1e9),
     )
-    missing = {}
-    if FUSED_EXPERTS in opts.baselines:
-        why = fused_experts_unavailable()
-        if why is not None:
-            missing[FUSED_EXPERTS] = why
-            print(f"{FUSED_EXPERTS} skipped: {why}")
+    missing = missing_baselines(
+        {
+            FUSED_EXPERTS: (
+                "vllm.model_executor.layers.fused_moe.fused_moe",
+                "fused_experts",
+            )
+        },
+        opts.baselines,
+    )
     bandwidth = measure_copy_bandwidth_gbps()
     torch.cuda.empty_cache()
     env = Env(
