@@ -227,6 +227,32 @@ def write_results(
     return result
 
 
+def ratios_over(timings: dict[str, float], impl: str) -> dict[str, float]:
+    """Each other implementation's time over ``impl``'s: how many times
+    faster ``impl`` is (empty when ``impl`` was not timed)."""
+    base = timings.get(impl)
+    if base is None:
+        return {}
+    return {other: round(t / base, 3) for other, t in timings.items() if other != impl}
+
+
+def finish_run(
+    result_name: str,
+    records: list[dict[str, Any]],
+    bandwidth_gbps: float,
+    out_dir: Path | None,
+    impl: str | None = None,
+    started: float | None = None,
+) -> None:
+    """Writes the results, then prints the table (of ``impl``'s records) and
+    the time since ``started`` (time.monotonic())."""
+    write_results(result_name, records, bandwidth_gbps, out_dir)
+    print()
+    print_table(records, impl=impl)
+    if started is not None:
+        print(f"elapsed {time.monotonic() - started:.1f} s")
+
+
 def print_table(records: list[dict[str, Any]], impl: str | None = None) -> None:
     """Records as a text table; only those of ``impl`` when given."""
     header = (

@@ -80,17 +80,17 @@ from bench_utils import (
     L2Scrub,
     capture_graphs,
     check_impls,
+    finish_run,
     import_hpc_ops,
     json_float,
     measure_copy_bandwidth_gbps,
     missing_baselines,
     print_progress,
-    print_table,
+    ratios_over,
     short_error,
     significant,
     time_graphs,
     unavailable_reason,
-    write_results,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -788,7 +788,6 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
 
     ok = HPC in timings
     records = []
-    hpc_us = timings.get(HPC)
     for name in names:
         extra: dict[str, Any] = {}
         if name in ref_err:
@@ -804,12 +803,8 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
             extra["error"] = errors.get(name, "not timed: the hpc result failed")
         us = timings.get(name)
         record = _record(case.workload, case.name, name, us, floor_us, **extra)
-        if name == HPC and hpc_us is not None:
-            record["ratios"] = {
-                other: round(t / hpc_us, 3)
-                for other, t in timings.items()
-                if other != HPC
-            }
+        if name == HPC:
+            record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
     return records, ok
 
@@ -892,7 +887,6 @@ def bench_plan(
             errors[impl] = short_error(err)
             torch.cuda.synchronize()
     records = []
-    hpc_us = timings.get(HPC)
     for impl in modes:
         extra = (
             {
@@ -903,12 +897,8 @@ def bench_plan(
             else {"error": errors.get(impl, "not timed")}
         )
         record = _record("PLAN", name, impl, timings.get(impl), floor_us, **extra)
-        if impl == HPC and hpc_us is not None:
-            record["ratios"] = {
-                other: round(t / hpc_us, 3)
-                for other, t in timings.items()
-                if other != HPC
-            }
+        if impl == HPC:
+            record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
     return records, HPC in timings
 
@@ -1050,10 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
         records.extend(case_records)
         print_progress("PLAN", name, case_records, started)
 
-    write_results(RESULT_NAME, records, bandwidth, args.out)
-    print()
-    print_table(records, impl=HPC)
-    print(f"elapsed {time.monotonic() - started:.1f} s")
+    finish_run(RESULT_NAME, records, bandwidth, args.out, impl=HPC, started=started)
     return 0 if sound else 1
 
 

@@ -92,6 +92,7 @@ from bench_utils import (
     L2Scrub,
     capture_graphs,
     check_impls,
+    finish_run,
     import_hpc_ops,
     json_float,
     measure_copy_bandwidth_gbps,
@@ -99,13 +100,12 @@ from bench_utils import (
     missing_baselines,
     new_events,
     print_progress,
-    print_table,
+    ratios_over,
     short_error,
     significant,
     sync_quietly,
     time_graphs,
     unavailable_reason,
-    write_results,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -817,7 +817,6 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                     sync_quietly()
 
     ok = HPC in timings
-    hpc_us = timings.get(HPC)
     records = []
     for name in names:
         if name != HPC and name not in opts.baselines:
@@ -877,12 +876,8 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
             extra["error"] = errors.get(name, "not timed: the hpc result failed")
         us = timings.get(name)
         record = _record(case, name, us, floor_us, **extra)
-        if name == HPC and hpc_us is not None:
-            record["ratios"] = {
-                other: round(t / hpc_us, 3)
-                for other, t in timings.items()
-                if other != HPC
-            }
+        if name == HPC:
+            record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
     return records, ok
 
@@ -1018,10 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     env.weights.clear()
 
-    write_results(RESULT_NAME, records, bandwidth, args.out)
-    print()
-    print_table(records, impl=HPC)
-    print(f"elapsed {time.monotonic() - started:.1f} s")
+    finish_run(RESULT_NAME, records, bandwidth, args.out, impl=HPC, started=started)
     return 0 if sound else 1
 
 

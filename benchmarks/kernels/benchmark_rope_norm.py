@@ -54,13 +54,13 @@ import torch
 from bench_utils import (
     L2Scrub,
     capture_graphs,
+    finish_run,
     import_hpc_ops,
     measure_copy_bandwidth_gbps,
-    print_table,
+    ratios_over,
     significant,
     time_graphs,
     unavailable_reason,
-    write_results,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -638,15 +638,8 @@ def bench_case(
             torch.cuda.synchronize()
 
     records = []
-    hpc_us = timings[HPC]
     for name, us in timings.items():
-        ratios = {}
-        if name == HPC:
-            ratios = {
-                other: round(t / hpc_us, 3)
-                for other, t in timings.items()
-                if other != HPC
-            }
+        ratios = ratios_over(timings, HPC) if name == HPC else {}
         records.append(
             {
                 "workload": WORKLOAD,
@@ -732,9 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {case.name}: hpc {hpc['us']} us, {hpc['fraction_of_floor']} of floor")
         torch.cuda.empty_cache()
 
-    write_results(RESULT_NAME, records, bandwidth, args.out)
-    print()
-    print_table(records)
+    finish_run(RESULT_NAME, records, bandwidth, args.out)
     return 0
 
 
