@@ -48,9 +48,16 @@ BLOCK = 128
 FP8_NAN_BYTE = 0x7F
 
 # Accuracy bars against the reference: ||out - ref|| / ||ref|| over the
-# whole output, and per token row.
+# whole output, and per token row. A row may also differ by up to
+# ROUNDING_NOISE_FACTOR times what rounding the intermediate to FP8 changes
+# in the reference's own row: the kernel's fp32 tensor-core sums differ from
+# float64 in the last bits, so an intermediate value next to an FP8 rounding
+# boundary can round the other way, by one FP8 step (up to 12.5% of that
+# value). With top-1 routing and I = 192, a token's output rests on 192 such
+# values, and a few of those steps move the row by several percent.
 RTOL = 3e-2
 ROW_RTOL = 6e-2
+ROUNDING_NOISE_FACTOR = 2.0
 
 # Static scale of the intermediate in per-tensor mode. With the builders'
 # magnitudes (gate and up of about unit variance), |silu(g) * u| stays far
@@ -236,9 +243,12 @@ def reference_fused_moe(
     shared_output: torch.Tensor | None = None,
     apply_router_weight_on_input: bool = False,
     dtype: torch.dtype = torch.float64,
+    round_intermediate: bool = True,
 ) -> torch.Tensor:
     """``[M, H]`` in ``dtype``: what ``fused_moe_fp8`` should write to
-    ``out`` for the same arguments (before ``out``'s rounding)."""
+    ``out`` for the same arguments (before ``out``'s rounding).
+    ``round_intermediate=False`` skips the intermediate's FP8 round trip
+    (to measure what that rounding alone changes)."""
     block_wise = block_shape is not None
     if block_wise and tuple(block_shape) != (BLOCK, BLOCK):
         raise ValueError(f"block_shape must be ({BLOCK}, {BLOCK})")
@@ -261,7 +271,10 @@ def reference_fused_moe(
         gate_up = x[tok] @ w13e.T
         g, u = gate_up[:, :inter], gate_up[:, inter:]
         h = (g * torch.sigmoid(g) * u).float()
-        h = quantize_intermediate(h, a2_scale, block_wise, dtype)
+        if round_intermediate:
+            h = quantize_intermediate(h, a2_scale, block_wise, dtype)
+        else:
+            h = h.to(dtype)
         y = h @ w2e.T
         out.index_add_(0, tok, y * weights[tok, j].unsqueeze(-1))
     if shared_output is not None:
@@ -507,7 +520,9 @@ class MoeInputs:
             "apply_router_weight_on_input": self.apply_router_weight_on_input,
         }
 
-    def reference(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    def reference(
+        self, dtype: torch.dtype = torch.float64, round_intermediate: bool = True
+    ) -> torch.Tensor:
         return reference_fused_moe(
             self.hidden_states,
             self.weights.w13,
@@ -516,6 +531,21 @@ class MoeInputs:
             self.topk_ids,
             **self.op_kwargs(),  # type: ignore[arg-type]
             dtype=dtype,
+            round_intermediate=round_intermediate,
+        )
+
+    def check(self, what: str = "") -> ErrorStats:
+        """check_moe of ``out`` against the reference, each row's bar
+        widened by the intermediate's own rounding noise in that row."""
+        ref = self.reference()
+        noise = row_rel_errors(ref, self.reference(round_intermediate=False))
+        return check_moe(
+            self.out,
+            ref,
+            unrouted=self.unrouted(),
+            shared_output=self.shared_output,
+            what=what,
+            rounding_noise=noise,
         )
 
     def unrouted(self) -> torch.Tensor:
@@ -705,20 +735,27 @@ def check_moe(
     what: str = "",
     rtol: float = RTOL,
     row_rtol: float = ROW_RTOL,
+    rounding_noise: torch.Tensor | None = None,
 ) -> ErrorStats:
     """Fail unless ``out`` is finite, within ``rtol`` of ``ref`` overall and
-    within ``row_rtol`` on every row, and rows of tokens with no local
-    expert are exactly ``shared_output`` (or zero)."""
+    within ``row_rtol`` on every row (or ROUNDING_NOISE_FACTOR times the
+    row's ``rounding_noise``, ``[M]``, where that is larger), and rows of
+    tokens with no local expert are exactly ``shared_output`` (or zero)."""
     prefix = f"{what}: " if what else ""
     stats = error_stats(out, ref)
     assert stats.finite, f"{prefix}NaN or Inf in the output ({stats})"
     assert stats.rel <= rtol, f"{prefix}{stats} exceeds rtol={rtol:g}"
     rows = row_rel_errors(out, ref)
     if rows.numel():
-        worst = int(rows.argmax())
-        assert rows[worst] <= row_rtol, (
+        bars = torch.full_like(rows, row_rtol)
+        if rounding_noise is not None:
+            noise = rounding_noise.to(rows)
+            bars = torch.maximum(bars, ROUNDING_NOISE_FACTOR * noise)
+        worst = int((rows / bars).argmax())
+        assert rows[worst] <= bars[worst], (
             f"{prefix}token {worst}: row error {rows[worst].item():.3e} exceeds "
-            f"{row_rtol:g}"
+            f"{bars[worst].item():.3e} (max of {row_rtol:g} and "
+            f"{ROUNDING_NOISE_FACTOR:g} x the intermediate's rounding noise)"
         )
     idle = unrouted.to(out.device)
     if bool(idle.any()):

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 from moe_reference import (
     FP8_DTYPE,
-    check_moe,
     make_moe_inputs,
     make_moe_weights,
 )
@@ -152,13 +151,7 @@ def main() -> int:
             )
             torch.cuda.synchronize()
             try:
-                stats = check_moe(
-                    inputs.out,
-                    inputs.reference(),
-                    unrouted=inputs.unrouted(),
-                    shared_output=inputs.shared_output,
-                    what=f"{name} run {run}",
-                )
+                stats = inputs.check(f"{name} run {run}")
             except AssertionError as err:
                 failures += 1
                 print(f"FAIL {name} run {run}: {err}")

@@ -5,11 +5,12 @@
 Each case draws fresh random FP8 weights (per-expert or per-128x128-block
 scales) and activations from seeded generators, NaN-poisons ``out``, runs
 ``fused_moe_fp8`` and checks (``moe_reference.check_moe``): no NaN or Inf,
-||out - ref|| / ||ref|| <= 3e-2 over the whole output and <= 6e-2 on every
-token's row, tokens with no local expert exactly zero (or exactly
-``shared_output``), and the inputs unchanged. The reference dequantizes the
-same FP8 values the kernel must use (it quantizes 16-bit inputs and the
-intermediate by the contract's rules).
+||out - ref|| / ||ref|| <= 3e-2 over the whole output and, on every
+token's row, <= 6e-2 or twice what rounding the intermediate to FP8 changes
+in that row of the reference (where larger), tokens with no local expert
+exactly zero (or exactly ``shared_output``), and the inputs unchanged.
+The reference dequantizes the same FP8 values the kernel must use (it
+quantizes 16-bit inputs and the intermediate by the contract's rules).
 
 The axes are combined in grids rather than a full product: token counts
 {1, 3, 64, 257, 4096} x six (experts, top-k, hidden, intermediate) shapes
@@ -43,7 +44,6 @@ from moe_reference import (
     QUANT_MODES,
     MoeInputs,
     MoeWeights,
-    check_moe,
     make_moe_inputs,
     make_moe_weights,
 )
@@ -181,14 +181,7 @@ def _run(inputs: MoeInputs, ws: MoeWorkspace) -> None:
 
 
 def _check(inputs: MoeInputs, what: str) -> None:
-    stats = check_moe(
-        inputs.out,
-        inputs.reference(),
-        unrouted=inputs.unrouted(),
-        shared_output=inputs.shared_output,
-        what=what,
-    )
-    print(what, stats)
+    print(what, inputs.check(what))
 
 
 def _run_and_check(case: Case, seed: int = 0) -> MoeInputs:

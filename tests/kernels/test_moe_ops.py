@@ -1120,6 +1120,25 @@ def test_check_moe_catches_errors() -> None:
     bad[row] *= 1.1
     with pytest.raises(AssertionError, match=f"token {row}"):
         check_moe(bad, ref, unrouted=unrouted, shared_output=inputs.shared_output)
+    # The row bar widens to twice the row's rounding noise, and no further.
+    noise = torch.zeros(ref.shape[0])
+    noise[row] = 0.06
+    check_moe(
+        bad,
+        ref,
+        unrouted=unrouted,
+        shared_output=inputs.shared_output,
+        rounding_noise=noise,
+    )
+    noise[row] = 0.04
+    with pytest.raises(AssertionError, match=f"token {row}"):
+        check_moe(
+            bad,
+            ref,
+            unrouted=unrouted,
+            shared_output=inputs.shared_output,
+            rounding_noise=noise,
+        )
     # An unrouted row must be exactly the shared output.
     row = int(torch.nonzero(unrouted)[0])
     bad = good.clone()

@@ -123,19 +123,19 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
                   n0 / kScaleBlock] = m > 0.f ? m / kFp8E4m3Max : 1.f;
     }
   }
-  const float inv_static = p.block_wise ? 0.f : 1.f / *p.a2_scale;
+  const float static_scale = p.block_wise ? 1.f : *p.a2_scale;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
     const int row = cute::get<0>(coord(i));
     const int tok = cute::get<1>(coord(i));
-    float inv = inv_static;
+    float scale = static_scale;
     if (p.block_wise) {
-      // The scale stored above, inverted as the quantize stage does.
-      const float m = __int_as_float(token_amax[tok]);
-      inv = 1.f / (m > 0.f ? m / kFp8E4m3Max : 1.f);
+      const float m = __int_as_float(token_amax[tok]);  // the scale above
+      scale = m > 0.f ? m / kFp8E4m3Max : 1.f;
     }
-    staged[tok * kWgRows + row] =
-        __nv_cvt_float_to_fp8(acc(i) * inv, __NV_SATFINITE, __NV_E4M3);
+    // Divided, as the quantize stage does (moe_quantize.cuh).
+    staged[tok * kWgRows + row] = __nv_cvt_float_to_fp8(
+        __fdiv_rn(acc(i), scale), __NV_SATFINITE, __NV_E4M3);
   }
   named_barrier_sync(kGateBarrier, 128);
 

@@ -56,7 +56,7 @@ __device__ __forceinline__ void load_item(const MoeParams& p, int token,
 }
 
 // Per-token dynamic scale (amax / 448) of one row, by one warp; stored for
-// the GEMM, returned inverted.
+// the GEMM and returned.
 template <typename T>
 __device__ float quantize_token_scale(const MoeParams& p, int token, int lane) {
   float amax = 0.f;
@@ -76,15 +76,25 @@ __device__ float quantize_token_scale(const MoeParams& p, int token, int lane) {
   }
   const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
   if (lane == 0) input_scales(p, token)[0] = s;
-  return 1.f / s;
+  return s;
+}
+
+// Rounds x / scale to E4M3 (saturating), 8 values to 8 bytes. A true
+// division, not a multiplication by 1 / scale: bf16 inputs often divide to
+// an exact rounding tie, which the reciprocal's rounding error would tip.
+__device__ __forceinline__ void store8_fp8_divided(uint8_t* dst, float (&v)[8],
+                                                   float scale) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = __fdiv_rn(v[i], scale);
+  store8_fp8(dst, v, 1.f);
 }
 
 // kChunksPerItem chunks of one token's row, by one warp. A lane holds 8
-// channels of a chunk, so a 1 x 128 group (block-wise) is 16 lanes; `inv` is
-// the inverse scale of the per-tensor modes.
+// channels of a chunk, so a 1 x 128 group (block-wise) is 16 lanes; `scale`
+// is the scale of the per-tensor modes.
 template <typename T>
 __device__ void quantize_item(const MoeParams& p, int token, int chunk0,
-                              float inv, int lane) {
+                              float scale, int lane) {
   float v[kChunksPerItem][8];
   load_item<T>(p, token, chunk0, lane, v);
   uint8_t* q = p.workspace + p.layout.input_q() + int64_t(token) * p.hidden;
@@ -94,7 +104,7 @@ __device__ void quantize_item(const MoeParams& p, int token, int chunk0,
     // H % 128 == 0: a 16-lane group is all in or all out, and every lane
     // takes part in the shuffles.
     const bool active = c < p.hidden;
-    float inv_j = inv;
+    float scale_j = scale;
     if (p.block_wise) {
       float amax = 0.f;
 #pragma unroll
@@ -103,13 +113,12 @@ __device__ void quantize_item(const MoeParams& p, int token, int chunk0,
       for (int o = 8; o > 0; o /= 2) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       }
-      const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
+      scale_j = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
       if (active && lane % 16 == 0) {
-        input_scales(p, token)[c / kScaleBlock] = s;
+        input_scales(p, token)[c / kScaleBlock] = scale_j;
       }
-      inv_j = 1.f / s;
     }
-    if (active) store8_fp8(q + c, v[j], inv_j);
+    if (active) store8_fp8_divided(q + c, v[j], scale_j);
   }
 }
 
@@ -118,7 +127,7 @@ __device__ void quantize_item(const MoeParams& p, int token, int chunk0,
 // kChunksPerItem x 256 channels, so one token spreads over several warps;
 // per-token dynamic scales take a pass over the rows first.
 __device__ void quantize_tokens(const MoeParams& p, int first, int end) {
-  __shared__ float token_inv[kMaxQuantTokens];
+  __shared__ float token_scale[kMaxQuantTokens];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int warps = blockDim.x / 32;
@@ -126,25 +135,24 @@ __device__ void quantize_tokens(const MoeParams& p, int first, int end) {
   const bool per_token = !p.block_wise && p.a1_scale == nullptr;
   if (per_token) {
     for (int token = first + warp; token < end; token += warps) {
-      const float inv =
-          bf16 ? quantize_token_scale<__nv_bfloat16>(p, token, lane)
-               : quantize_token_scale<__half>(p, token, lane);
-      if (lane == 0) token_inv[token - first] = inv;
+      const float s = bf16 ? quantize_token_scale<__nv_bfloat16>(p, token, lane)
+                           : quantize_token_scale<__half>(p, token, lane);
+      if (lane == 0) token_scale[token - first] = s;
     }
     __syncthreads();
   }
-  const float inv_static =
-      !p.block_wise && p.a1_scale != nullptr ? 1.f / *p.a1_scale : 1.f;
+  const float static_scale =
+      !p.block_wise && p.a1_scale != nullptr ? *p.a1_scale : 1.f;
   const int chunks = (p.hidden + kChunkChannels - 1) / kChunkChannels;
   const int items = (chunks + kChunksPerItem - 1) / kChunksPerItem;
   for (int i = warp; i < (end - first) * items; i += warps) {
     const int token = first + i / items;
     const int chunk0 = (i % items) * kChunksPerItem;
-    const float inv = per_token ? token_inv[token - first] : inv_static;
+    const float s = per_token ? token_scale[token - first] : static_scale;
     if (bf16) {
-      quantize_item<__nv_bfloat16>(p, token, chunk0, inv, lane);
+      quantize_item<__nv_bfloat16>(p, token, chunk0, s, lane);
     } else {
-      quantize_item<__half>(p, token, chunk0, inv, lane);
+      quantize_item<__half>(p, token, chunk0, s, lane);
     }
   }
 }
