@@ -98,6 +98,17 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=1, topk=2),
         spare=3,
     ),
+    # Enough tiles to fill the SMs: a CTA takes both gate-up column blocks
+    # and both down row blocks of its tile (the stage ring runs on across
+    # blocks, each block's epilogue beside the next one's loads).
+    dict(
+        name="tensor-static-block-groups",
+        weights=dict(
+            num_experts=192, hidden_size=512, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=256, topk=8),
+        spare=0,
+    ),
 ]
 
 

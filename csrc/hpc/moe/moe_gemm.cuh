@@ -17,7 +17,10 @@
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
-// may be split over CTAs (moe_tiling.h). Epilogues: moe_gemm_epilogue.cuh.
+// may be split over CTAs (moe_tiling.h). A CTA may take several weight
+// blocks of its tile in turn (a WorkRange); the stage ring runs on across
+// them, so the next block's weights stream in during this one's epilogue.
+// Epilogues: moe_gemm_epilogue.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -53,7 +56,7 @@ struct GemmConfig {
   // the work per wave. Wide tiles need the registers of one CTA per SM.
   static constexpr bool kNarrow = kTokens <= kNarrowTile;
   static constexpr int kCtasPerSm = kNarrow ? kNarrowTileCtasPerSm : 1;
-  static constexpr int kStages = kNarrow ? 3 : 5;
+  static constexpr int kStages = kNarrow ? 3 : 4;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
   // One warpgroup's weight rows and the tile's token rows, per stage.
@@ -70,12 +73,39 @@ struct GemmConfig {
 
   static constexpr int kWgStageBytes = kWgRows * kTileK;
   static constexpr int kTokenStageBytes = kTokens * kTileK;
-  // [warpgroup][stage] weights, then [stage] tokens; 1024-byte aligned.
+  // [warpgroup][stage] weights, [stage] tokens, then the epilogues' staging
+  // (apart from the stages, which keep loading the CTA's next block
+  // meanwhile): a tile's 256 16-bit down rows, or the gate-up's fp32 up
+  // values (later its FP8 rows) and per-token amax; 1024-byte aligned.
   static constexpr int kWeightBytes = 2 * kStages * kWgStageBytes;
-  static constexpr int kBytes =
-      kWeightBytes + kStages * kTokenStageBytes + 1024;
+  static constexpr int kStagingOffset =
+      kWeightBytes + kStages * kTokenStageBytes;
+  static constexpr int kStagingBytes = kTokens * (kCtaRows * 2 + 4);
+  static constexpr int kBytes = kStagingOffset + kStagingBytes + 1024;
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
+  // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
+  // up to 512 bytes of static shared memory.
+  static_assert(kCtasPerSm * (kBytes + 1024 + 512) <= 228 * 1024);
 };
+
+// The k-blocks a CTA runs: k-blocks [kb_begin, kb_end) of each weight row
+// block in [block_begin, block_end), block by block. Gate-up: one 128-column
+// block (and its K range, when K is split); down: a group of 256-row blocks.
+struct WorkRange {
+  int block_begin, block_end;
+  int kb_begin, kb_end;
+
+  __device__ int k_blocks() const { return kb_end - kb_begin; }
+  __device__ int size() const { return (block_end - block_begin) * k_blocks(); }
+  __device__ int block(int i) const { return block_begin + i / k_blocks(); }
+  __device__ int kb(int i) const { return kb_begin + i % k_blocks(); }
+};
+
+// First weight row (gate-up: column of the intermediate) of a block.
+template <bool kGateUp>
+__device__ __forceinline__ int block_row(int block) {
+  return block * (kGateUp ? kWgRows : kCtaRows);
+}
 
 // The CTA's token tile from the route's table; false when the launch's
 // tile bound exceeds the tiles this call needs. Both loads go out together.
@@ -85,8 +115,11 @@ __device__ __forceinline__ bool find_tile(const MoeParams& p, int tile,
       reinterpret_cast<const int32_t*>(p.workspace + p.layout.tile_offset());
   const TileInfo* infos =
       reinterpret_cast<const TileInfo*>(p.workspace + p.layout.tile_info());
-  const int tiles = tile_offset[p.num_experts];
-  info = infos[tile];  // in the buffer even past `tiles`
+  // Through L2 only: the table may be read before this kernel's PDL wait
+  // (moe_gemm_kernel.cuh), and an SM's L1 may hold the previous call's.
+  const int tiles = __ldcg(tile_offset + p.num_experts);
+  const int4 raw = __ldcg(reinterpret_cast<const int4*>(infos + tile));
+  info = TileInfo{raw.x, raw.y, raw.z, raw.w};  // in the buffer past `tiles`
   return tile < tiles;
 }
 
@@ -174,13 +207,13 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
 }
 
 // Producer warp: weight rows by TMA (the first kStages k-blocks' already
-// issued by the kernel), token rows by cp.async, k-blocks [kb_begin,
-// kb_end). A lane marks a stage full once its own cp.async copies landed
+// issued by the kernel), token rows by cp.async, for every k-block of
+// `range`. A lane marks a stage full once its own cp.async copies landed
 // and are fenced for the tensor cores' async proxy.
 template <bool kGateUp, int kTokens>
 __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
-                            const TileInfo& tile, int n0, const int64_t* src,
-                            int kb_begin, int kb_end, uint8_t* smem,
+                            const TileInfo& tile, const int64_t* src,
+                            const WorkRange& range, uint8_t* smem,
                             uint64_t* full, uint64_t* empty) {
   using Config = GemmConfig<kTokens>;
   const int lane = threadIdx.x % 32;
@@ -206,26 +239,29 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
             : nullptr;
   }
 
+  const int n = range.size();
   int stage = 0;
   uint32_t phase = 0;
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
-    if (kb - kb_begin >= Config::kStages) {
+  for (int i = 0; i < n; ++i) {
+    const int kb = range.kb(i);
+    if (i >= Config::kStages) {
       EmptyBarrier::wait(&empty[stage], phase ^ 1);
       if (lane == 0) {
-        load_weights<kGateUp, kTokens>(p, weights, tile, n0, kb, stage, full,
-                                       smem);
+        load_weights<kGateUp, kTokens>(p, weights, tile,
+                                       block_row<kGateUp>(range.block(i)), kb,
+                                       stage, full, smem);
       }
     }
 #pragma unroll
-    for (int i = 0; i < Config::kChunksPerLane; ++i) {
-      const int k = kb * kTileK + chunk_k[i];
-      const bool valid = chunk_src[i] != nullptr && k < K;
-      cp_async16_zfill(&tokens(chunk_row[i], chunk_k[i], stage),
-                       valid ? chunk_src[i] + kb * kTileK : source.base, valid);
+    for (int c = 0; c < Config::kChunksPerLane; ++c) {
+      const int k = kb * kTileK + chunk_k[c];
+      const bool valid = chunk_src[c] != nullptr && k < K;
+      cp_async16_zfill(&tokens(chunk_row[c], chunk_k[c], stage),
+                       valid ? chunk_src[c] + kb * kTileK : source.base, valid);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
     // Publish the previous stage: its copies are the older group.
-    if (kb > kb_begin) {
+    if (i > 0) {
       asm volatile("cp.async.wait_group 1;" ::: "memory");
       cutlass::arch::fence_view_async_shared();
       const int prev = stage == 0 ? Config::kStages - 1 : stage - 1;
@@ -236,20 +272,23 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
       phase ^= 1;
     }
   }
-  if (kb_end > kb_begin) {
+  if (n > 0) {
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     cutlass::arch::fence_view_async_shared();
     FullBarrier::arrive(&full[stage == 0 ? Config::kStages - 1 : stage - 1]);
   }
 }
 
-// Consumer warpgroup `wg`: acc = sum over k-blocks of
-// (W[rows of wg] . X[tokens]^T) * weight scale * activation scale.
+// Consumer warpgroup `wg`: acc = sum over k-blocks [kb_begin, kb_end) of
+// (W[rows of wg] . X[tokens]^T) * weight scale * activation scale, for the
+// weight rows from n0. `stage` and `phase` carry the ring's position from
+// one call to the next.
 template <bool kGateUp, int kTokens, class Acc, class Coord>
 __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
                            const int64_t* src, int kb_begin, int kb_end,
                            uint8_t* smem, uint64_t* full, uint64_t* empty,
-                           Acc& acc, const Coord& coord) {
+                           Acc& acc, const Coord& coord, int& stage,
+                           uint32_t& phase) {
   using namespace cute;
   using Config = GemmConfig<kTokens>;
   using Fp8 = typename Config::Fp8;
@@ -279,8 +318,6 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   const int64_t w_row =
       kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
 
-  int stage = 0;
-  uint32_t phase = 0;
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     FullBarrier::wait(&full[stage], phase);
     warpgroup_fence_operand(blk);

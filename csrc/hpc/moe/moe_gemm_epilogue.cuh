@@ -1,7 +1,8 @@
 // Epilogues of the grouped FP8 GEMMs (moe_gemm.cuh). Each consumer thread
 // holds acc(i) = out[weight row, token] with coord(i) = (row within its
-// warpgroup's 128, token within the tile); shared memory of the finished
-// pipeline stages is reused for staging.
+// warpgroup's 128, token within the tile). Both stage through a shared
+// memory area of their own (GemmConfig::kStagingOffset): the pipeline keeps
+// loading the CTA's next block meanwhile.
 //
 //   merge_split_k      gate-up with split K: every CTA stores its partial
 //                      sums; the last to arrive adds all of them in split
@@ -80,15 +81,18 @@ __device__ __forceinline__ float silu(float x) {
 template <int kTokens, class Acc, class Coord>
 __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
                                  int n0, Acc& acc, const Coord& coord,
-                                 uint8_t* smem) {
+                                 uint8_t* staging) {
   constexpr int kValues = kAccValues<Acc>;
+  static_assert(kValues * 128 * sizeof(float) == kTokens * kCtaRows * 2);
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
-  float* up = reinterpret_cast<float*>(smem);              // [kValues][128]
-  uint8_t* staged = smem + kValues * 128 * sizeof(float);  // [kTokens][128]
-  int* token_amax = reinterpret_cast<int*>(staged + kTokens * kWgRows);
+  // The up values, then (once read) the FP8 rows in their place.
+  float* up = reinterpret_cast<float*>(staging);  // [kValues][128]
+  uint8_t* staged = staging;                      // [kTokens][128]
+  int* token_amax =
+      reinterpret_cast<int*>(staging + kValues * 128 * sizeof(float));
 
-  // Both warpgroups are past their last wgmma before the stages are reused.
+  // The previous block's stores have read the staging area.
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
   if (wg == 1) {
 #pragma unroll
@@ -100,6 +104,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
 
 #pragma unroll
   for (int i = 0; i < kValues; ++i) acc(i) = silu(acc(i)) * up[i * 128 + t];
+  named_barrier_sync(kGateBarrier, 128);  // every up value read
 
   if (p.block_wise) {
     // Amax per token over the 128 columns: lanes of one quad hold other
@@ -156,10 +161,11 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
 template <int kTokens, class Acc, class Coord>
 __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile, int n0,
                               const Acc& acc, const Coord& coord,
-                              uint8_t* smem) {
+                              uint8_t* staging) {
   const int wg = threadIdx.x / 128;
   __nv_bfloat16* staged =
-      reinterpret_cast<__nv_bfloat16*>(smem);  // [kTokens][kCtaRows]
+      reinterpret_cast<__nv_bfloat16*>(staging);  // [kTokens][kCtaRows]
+  // The previous block's stores have read the staging area.
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 #pragma unroll
   for (int i = 0; i < cute::size(acc); ++i) {

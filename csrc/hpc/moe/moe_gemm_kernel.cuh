@@ -1,7 +1,8 @@
 // The grouped FP8 GEMM kernel of the fused MoE pipeline: tile lookup, the
 // producer / consumer split of moe_gemm.cuh and the epilogues of
-// moe_gemm_epilogue.cuh. Grid: x = token tile, y = column block (x split
-// index for the gate-up GEMM); CTAs past the tiles of this call return.
+// moe_gemm_epilogue.cuh. Grid: x = token tile, y = column block x split
+// index (gate-up) or group of row blocks (down); CTAs past the tiles of
+// this call return.
 #pragma once
 
 #include <cuda.h>
@@ -18,6 +19,16 @@
 
 namespace hpc {
 namespace moe {
+
+// Whether the route's tables may be read before this kernel's PDL wait.
+// Every stage lets its dependents launch only after its own wait, so when a
+// kernel starts, the stage two before it is complete: the route, for the
+// down GEMM always, for the gate-up GEMM when the quantize stage ran between.
+template <bool kGateUp>
+__device__ __forceinline__ bool route_tables_complete(const MoeParams& p) {
+  return !kGateUp ||
+         (p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route);
+}
 
 // kGateUp: the gate-up GEMM (weights: the 4-D map of w13 as
 // [E][gate|up][I][H]); otherwise the down GEMM (w2 as [E][1][H][I]).
@@ -36,7 +47,8 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __shared__ int last_split;
 
   const int warp = threadIdx.x / 32;
-  if (threadIdx.x == kConsumerThreads) prefetch_tma_descriptor(&weights);
+  const bool tma_thread = threadIdx.x == kConsumerThreads;
+  if (tma_thread) prefetch_tma_descriptor(&weights);
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Config::kStages; ++s) {
@@ -46,28 +58,50 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // barriers initialized before the producer's first copy
-  pdl_launch_dependents();
-  // The route tables and the quantized operands come from earlier stages.
-  pdl_wait_for_producer();
-  TileInfo tile;
-  if (!find_tile(p, blockIdx.x, tile)) return;
 
+  // Gate-up: y = group of column blocks x K split (a split CTA has one
+  // block). Down: y = group of row blocks.
   const int split = kGateUp ? p.tiling.gate_up_split : 1;
-  const int block = blockIdx.y / split;
-  const int split_index = blockIdx.y % split;
-  const int n0 = block * (kGateUp ? kWgRows : kCtaRows);
-  const int k_blocks = ceil_div(kGateUp ? p.hidden : p.inter, kTileK);
-  const int kb_begin = split_index * k_blocks / split;
-  const int kb_end = (split_index + 1) * k_blocks / split;
-  if (threadIdx.x == kConsumerThreads) {
-    // The weights need only the tile: their first stages go out now, while
-    // the token rows are looked up.
-    for (int kb = kb_begin; kb < min(kb_end, kb_begin + Config::kStages);
-         ++kb) {
-      load_weights<kGateUp, kTokens>(p, &weights, tile, n0, kb, kb - kb_begin,
-                                     full, smem);
-    }
+  WorkRange range;
+  if constexpr (kGateUp) {
+    const int k_blocks = ceil_div(p.hidden, kTileK);
+    const int split_index = blockIdx.y % split;
+    range.block_begin = blockIdx.y / split * p.tiling.gate_up_group;
+    range.block_end = min(range.block_begin + p.tiling.gate_up_group,
+                          p.tiling.gate_up_blocks);
+    range.kb_begin = split_index * k_blocks / split;
+    range.kb_end = (split_index + 1) * k_blocks / split;
+  } else {
+    range.block_begin = blockIdx.y * p.tiling.down_group;
+    range.block_end =
+        min(range.block_begin + p.tiling.down_group, p.tiling.down_blocks);
+    range.kb_begin = 0;
+    range.kb_end = ceil_div(p.inter, kTileK);
   }
+
+  // The weights need only the tile: their first stages go out as soon as it
+  // is known, before the PDL wait where the route's tables allow.
+  TileInfo tile;
+  bool has_tile = false;
+  auto find_tile_and_load_weights = [&] {
+    has_tile = find_tile(p, blockIdx.x, tile);
+    if (has_tile && tma_thread) {
+      for (int i = 0; i < min(range.size(), Config::kStages); ++i) {
+        load_weights<kGateUp, kTokens>(p, &weights, tile,
+                                       block_row<kGateUp>(range.block(i)),
+                                       range.kb(i), i, full, smem);
+      }
+    }
+  };
+  const bool early = route_tables_complete<kGateUp>(p);
+  if (early) find_tile_and_load_weights();
+  // Every CTA waits, even one without a tile: a grid whose CTAs all left
+  // before waiting would let its dependents run ahead of its producer.
+  pdl_wait_for_producer();
+  pdl_launch_dependents();
+  if (!early) find_tile_and_load_weights();
+  if (!has_tile) return;
+
   for (int t = threadIdx.x; t < kTokens; t += kGemmThreads) {
     token_src[t] =
         t < tile.rows ? TokenSource<kGateUp>::row_of(p, tile.row0 + t) : 0;
@@ -75,8 +109,8 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __syncthreads();
 
   if (warp == kConsumerThreads / 32) {
-    load_stages<kGateUp, kTokens>(p, &weights, tile, n0, token_src, kb_begin,
-                                  kb_end, smem, full, empty);
+    load_stages<kGateUp, kTokens>(p, &weights, tile, token_src, range, smem,
+                                  full, empty);
     return;
   }
 
@@ -85,19 +119,29 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   const auto tile_shape = make_shape(Int<kWgRows>{}, Int<kTokens>{});
   Tensor acc = partition_fragment_C(mma, tile_shape);
   const Tensor coord = thr.partition_C(make_identity_tensor(tile_shape));
-  mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, kb_begin, kb_end, smem,
-                               full, empty, acc, coord);
-
-  if constexpr (kGateUp) {
-    if constexpr (kTokens == kMinTokenTile) {
-      if (split > 1) {
-        const int out_tile = blockIdx.x * p.tiling.gate_up_blocks + block;
-        if (!merge_split_k(p, out_tile, split_index, acc, &last_split)) return;
+  int stage = 0;
+  uint32_t phase = 0;
+  for (int block = range.block_begin; block < range.block_end; ++block) {
+    const int n0 = block_row<kGateUp>(block);
+    mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, range.kb_begin,
+                                 range.kb_end, smem, full, empty, acc, coord,
+                                 stage, phase);
+    if constexpr (kGateUp) {
+      if constexpr (kTokens == kMinTokenTile) {
+        if (split > 1) {
+          const int out_tile = blockIdx.x * p.tiling.gate_up_blocks + block;
+          if (!merge_split_k(p, out_tile, blockIdx.y % split, acc,
+                             &last_split)) {
+            return;
+          }
+        }
       }
+      gate_up_epilogue<kTokens>(p, tile, n0, acc, coord,
+                                smem + Config::kStagingOffset);
+    } else {
+      down_epilogue<kTokens>(p, tile, n0, acc, coord,
+                             smem + Config::kStagingOffset);
     }
-    gate_up_epilogue<kTokens>(p, tile, n0, acc, coord, smem);
-  } else {
-    down_epilogue<kTokens>(p, tile, n0, acc, coord, smem);
   }
 }
 

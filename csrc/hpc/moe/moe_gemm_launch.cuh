@@ -45,9 +45,9 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
   configure_smem(kernel, kSmem, "fused_moe_fp8");
   const MoeTiling& t = p.tiling;
   // x: token tile (consecutive CTAs share an expert's weight block in L2),
-  // y: column block x split.
+  // y: group of weight blocks (x K split, gate-up).
   const dim3 grid(t.max_tiles,
-                  kGateUp ? t.gate_up_blocks * t.gate_up_split : t.down_blocks);
+                  kGateUp ? gate_up_ctas_per_tile(t) : down_ctas_per_tile(t));
   launch_with_pdl(kernel, grid, dim3(kGemmThreads), kSmem, stream, p, weights);
 }
 

@@ -159,8 +159,8 @@ __device__ void quantize_tokens(const MoeParams& p, int first, int end) {
 
 __global__ void __launch_bounds__(kQuantWarps * 32)
     moe_quantize_kernel(const MoeParams p) {
-  pdl_launch_dependents();
   pdl_wait_for_producer();
+  pdl_launch_dependents();  // after the wait: see moe_gemm_kernel.cuh
   const int first = blockIdx.x * kQuantTokensPerCta;
   quantize_tokens(p, first, min(first + kQuantTokensPerCta, p.num_tokens));
 }

@@ -36,8 +36,10 @@ __global__ void __launch_bounds__(kRouteThreads)
   int* count = route_smem;                           // [E]
   int* cursor = route_smem + p.num_experts;          // [E]: next sorted row
   int* first_tile = route_smem + 2 * p.num_experts;  // [E]
-  pdl_launch_dependents();
+  // The previous call's stages read these tables: wait for them. Dependents
+  // launch only after the wait (see moe_gemm_kernel.cuh).
   pdl_wait_for_producer();
+  pdl_launch_dependents();
 
   const int num_experts = p.num_experts;
   const int tile_rows = p.tiling.token_tile;

@@ -7,6 +7,11 @@
 // expert; the route kernel cuts every expert's rows into tiles of that width,
 // and both GEMMs and their epilogues are instantiated for it. When the tiles
 // leave most SMs idle (a handful of tokens), the gate-up GEMM also splits K.
+// A GEMM CTA takes a group of its tile's weight blocks in turn, its
+// pipeline running on from one to the next, with the groups as large as
+// still gives every SM a CTA: fewer CTAs than slots leave no tail wave, and
+// the down GEMM (K is only I) no longer spends as long setting a CTA up as
+// streaming its weights.
 #pragma once
 
 #include <algorithm>
@@ -47,11 +52,30 @@ struct MoeTiling {
   int max_tiles;           // tiles over all local experts, at most (grid size)
   int gate_up_blocks;      // 128-column blocks of the intermediate
   int gate_up_split;       // K ranges of the gate-up GEMM, each its own CTA
+  int gate_up_group;       // column blocks per gate-up CTA (1 when split)
   int down_blocks;         // 256-row blocks of the hidden dimension
+  int down_group;          // row blocks per down-GEMM CTA
   bool quantize_in_route;  // 16-bit inputs: the route CTA quantizes them
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Weight blocks per CTA such that a CTA per group per expected tile covers
+// every SM (as long as there are enough blocks).
+inline int block_group(int blocks, int64_t tiles, int num_sms) {
+  const int64_t groups =
+      std::min<int64_t>(blocks, ceil_div(num_sms, std::max<int64_t>(tiles, 1)));
+  return static_cast<int>(ceil_div(blocks, groups));
+}
+
+// GEMM CTAs per token tile: the grid's y.
+HPC_MOE_HD int gate_up_ctas_per_tile(const MoeTiling& t) {
+  return static_cast<int>(ceil_div(t.gate_up_blocks, t.gate_up_group)) *
+         t.gate_up_split;
+}
+HPC_MOE_HD int down_ctas_per_tile(const MoeTiling& t) {
+  return static_cast<int>(ceil_div(t.down_blocks, t.down_group));
+}
 
 // num_experts: experts of the whole model (the router's range); the rank
 // holds num_local_experts of them.
@@ -78,8 +102,8 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // leave CTA slots idle (a few tokens), keeping two k-blocks per split.
   const int64_t local_rows = ceil_div(rows * num_local_experts, all_experts);
   const int64_t active = std::min<int64_t>(num_local_experts, local_rows);
-  const int64_t ctas =
-      active * ceil_div(per_expert, t.token_tile) * t.gate_up_blocks;
+  const int64_t tiles = active * ceil_div(per_expert, t.token_tile);
+  const int64_t ctas = tiles * t.gate_up_blocks;
   const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
   int split = 1;
   const int64_t slots = int64_t(num_sms) * kNarrowTileCtasPerSm;
@@ -91,6 +115,10 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     while (split > 1 && out_tiles * split > kMaxSplitCtas) --split;
   }
   t.gate_up_split = split;
+  // A split gate-up CTA's partial sums are merged per column block.
+  t.gate_up_group =
+      split > 1 ? 1 : block_group(t.gate_up_blocks, tiles, num_sms);
+  t.down_group = block_group(t.down_blocks, tiles, num_sms);
   t.quantize_in_route = num_tokens <= kRouteQuantizeTokens;
   return t;
 }
