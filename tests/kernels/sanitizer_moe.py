@@ -98,15 +98,15 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=1, topk=2),
         spare=3,
     ),
-    # Enough tiles to fill the SMs: a CTA takes both gate-up column blocks
-    # and both down row blocks of its tile (the stage ring runs on across
-    # blocks, each block's epilogue beside the next one's loads).
+    # Many tiles and a short K (I = 128): a down CTA takes all four row
+    # blocks of its tile, the stage ring running on across them, each
+    # block's epilogue beside the next one's loads.
     dict(
-        name="tensor-static-block-groups",
+        name="tensor-static-down-groups",
         weights=dict(
-            num_experts=192, hidden_size=512, intermediate_size=256, block_wise=False
+            num_experts=192, hidden_size=1024, intermediate_size=128, block_wise=False
         ),
-        inputs=dict(num_tokens=256, topk=8),
+        inputs=dict(num_tokens=512, topk=8),
         spare=0,
     ),
 ]

@@ -690,15 +690,13 @@ def test_tiling_invariants(config: str, sms: int) -> None:
             last_tile = t.token_tile
         assert t.gate_up_blocks == math.ceil(inter / 128)
         assert t.down_blocks == math.ceil(hidden / 256)
-        # CTAs take whole groups of weight blocks; no group is empty, and a
-        # split gate-up CTA has one block (its partials merge per block).
-        for blocks, group in (
-            (t.gate_up_blocks, t.gate_up_group),
-            (t.down_blocks, t.down_group),
-        ):
-            assert 1 <= group <= blocks
-            assert (math.ceil(blocks / group) - 1) * group < blocks
-        assert t.gate_up_split == 1 or t.gate_up_group == 1
+        # Down CTAs take whole groups of row blocks, none of them empty.
+        assert 1 <= t.down_group <= t.down_blocks
+        groups = math.ceil(t.down_blocks / t.down_group)
+        assert (groups - 1) * t.down_group < t.down_blocks
+        # A group grows only while its CTA streams under 8 k-blocks.
+        if t.down_group > 1:
+            assert t.down_group // 2 * math.ceil(inter / 128) < 8
         assert t.max_tiles >= 1
         assert t.quantize_in_route == (tokens <= 16)
         assert 1 <= t.gate_up_split <= 16
@@ -730,18 +728,13 @@ def test_tiling_w3_choices() -> None:
     # partial-sum capacity caps the split.
     assert tiling("ep8", 1).gate_up_split == 4
     assert tiling("tp1", 1).gate_up_split == 2  # 8 experts x 12 blocks
-    # Down CTAs: one 256-row block each while there are few tiles; once
-    # the tiles alone cover the SMs, one CTA streams a tile's whole expert.
+    # Down CTAs (I = 192: two k-blocks per row block): one 256-row block
+    # each while the tiles are few; more, up to 8 k-blocks a CTA, while the
+    # CTAs still fill the 264 slots. I = 1536 is long enough alone.
     assert tiling("tp8", 1).down_group == 1  # 8 tiles x 16 blocks
-    assert tiling("tp8", 8).down_group == 6  # ~55 tiles x 3 groups
-    assert tiling("tp8", 64).down_group == 16
-    assert tiling("tp1", 256).down_group == 16
-    # Gate-up likewise: at 64 tokens a CTA takes both column blocks of I =
-    # 192 (192 tiles: one wave of 2-CTA slots, not two); with split K one.
-    assert tiling("tp8", 64).gate_up_group == 2
-    assert tiling("tp8", 1).gate_up_group == 1
-    assert tiling("tp1", 8).gate_up_group == 4  # ~64 tiles x 3 groups
-    assert tiling("tp1", 256).gate_up_group == 12
+    assert tiling("tp8", 8).down_group == 2  # ~64 tiles x 8 groups
+    assert tiling("tp8", 64).down_group == 4  # ~192 tiles x 4 groups
+    assert tiling("tp1", 256).down_group == 1
     # Tokens per expert grow with the batch: 256 x 8 / 192 = 11 -> 16.
     assert tiling("tp1", 256).token_tile == 16
     assert tiling("tp1", 4096).token_tile == 64

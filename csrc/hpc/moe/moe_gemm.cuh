@@ -319,6 +319,22 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
 
   for (int kb = kb_begin; kb < kb_end; ++kb) {
+    // This k-block's scales, loaded before the stage wait so that their
+    // latency hides behind it: after the wgmma they would stall every
+    // k-block by an L2 round trip. Accumulator values are ((column pair,
+    // row half, 8-column group), 64-row block, 1): the token depends on the
+    // first and third only.
+    const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+    float scale[kTokens / 8][2];
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
+        scale[j][c] = tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
+      }
+    }
+
     FullBarrier::wait(&full[stage], phase);
     warpgroup_fence_operand(blk);
     warpgroup_arrive();
@@ -334,16 +350,11 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     __syncwarp();
     if (lane == 0) EmptyBarrier::arrive(&empty[stage]);
 
-    // Accumulator values are ((column pair, row half, 8-column group),
-    // 64-row block, 1): the token depends on the first and third only.
-    const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
 #pragma unroll
     for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
-        const float s =
-            tok < tile.rows ? sw * source.scale.at(src[tok], kb) : 0.f;
+        const float s = sw * scale[j][c];
 #pragma unroll
         for (int m = 0; m < kWgRows / 64; ++m) {
 #pragma unroll

@@ -59,16 +59,14 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   }
   __syncthreads();  // barriers initialized before the producer's first copy
 
-  // Gate-up: y = group of column blocks x K split (a split CTA has one
-  // block). Down: y = group of row blocks.
+  // Gate-up: y = column block x K split. Down: y = group of row blocks.
   const int split = kGateUp ? p.tiling.gate_up_split : 1;
   WorkRange range;
   if constexpr (kGateUp) {
     const int k_blocks = ceil_div(p.hidden, kTileK);
     const int split_index = blockIdx.y % split;
-    range.block_begin = blockIdx.y / split * p.tiling.gate_up_group;
-    range.block_end = min(range.block_begin + p.tiling.gate_up_group,
-                          p.tiling.gate_up_blocks);
+    range.block_begin = blockIdx.y / split;
+    range.block_end = range.block_begin + 1;
     range.kb_begin = split_index * k_blocks / split;
     range.kb_end = (split_index + 1) * k_blocks / split;
   } else {

@@ -45,9 +45,9 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
   configure_smem(kernel, kSmem, "fused_moe_fp8");
   const MoeTiling& t = p.tiling;
   // x: token tile (consecutive CTAs share an expert's weight block in L2),
-  // y: group of weight blocks (x K split, gate-up).
-  const dim3 grid(t.max_tiles,
-                  kGateUp ? gate_up_ctas_per_tile(t) : down_ctas_per_tile(t));
+  // y: column block x K split (gate-up) or group of row blocks (down).
+  const dim3 grid(t.max_tiles, kGateUp ? t.gate_up_blocks * t.gate_up_split
+                                       : down_ctas_per_tile(t));
   launch_with_pdl(kernel, grid, dim3(kGemmThreads), kSmem, stream, p, weights);
 }
 

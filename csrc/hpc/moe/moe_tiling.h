@@ -7,11 +7,11 @@
 // expert; the route kernel cuts every expert's rows into tiles of that width,
 // and both GEMMs and their epilogues are instantiated for it. When the tiles
 // leave most SMs idle (a handful of tokens), the gate-up GEMM also splits K.
-// A GEMM CTA takes a group of its tile's weight blocks in turn, its
-// pipeline running on from one to the next, with the groups as large as
-// still gives every SM a CTA: fewer CTAs than slots leave no tail wave, and
-// the down GEMM (K is only I) no longer spends as long setting a CTA up as
-// streaming its weights.
+// The down GEMM's K is only I: a CTA per 256-row block would spend about as
+// long setting up as streaming its weights. So a down CTA may take a group
+// of its tile's row blocks, its pipeline running on from one to the next;
+// the group grows while the CTAs still fill every CTA slot (each CTA has
+// only its own stages in flight, so fewer CTAs leave bandwidth unused).
 #pragma once
 
 #include <algorithm>
@@ -42,6 +42,8 @@ constexpr int kMaxSplit = 16;
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
+// k-blocks a down-GEMM CTA streams at least, where the tiles allow.
+constexpr int kMinCtaKBlocks = 8;
 // Up to this many 16-bit tokens are quantized by the route CTA (32 warps:
 // two items of 1024 channels per warp at H = 4096) instead of a quantize
 // launch of their own.
@@ -52,7 +54,6 @@ struct MoeTiling {
   int max_tiles;           // tiles over all local experts, at most (grid size)
   int gate_up_blocks;      // 128-column blocks of the intermediate
   int gate_up_split;       // K ranges of the gate-up GEMM, each its own CTA
-  int gate_up_group;       // column blocks per gate-up CTA (1 when split)
   int down_blocks;         // 256-row blocks of the hidden dimension
   int down_group;          // row blocks per down-GEMM CTA
   bool quantize_in_route;  // 16-bit inputs: the route CTA quantizes them
@@ -60,19 +61,7 @@ struct MoeTiling {
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Weight blocks per CTA such that a CTA per group per expected tile covers
-// every SM (as long as there are enough blocks).
-inline int block_group(int blocks, int64_t tiles, int num_sms) {
-  const int64_t groups =
-      std::min<int64_t>(blocks, ceil_div(num_sms, std::max<int64_t>(tiles, 1)));
-  return static_cast<int>(ceil_div(blocks, groups));
-}
-
-// GEMM CTAs per token tile: the grid's y.
-HPC_MOE_HD int gate_up_ctas_per_tile(const MoeTiling& t) {
-  return static_cast<int>(ceil_div(t.gate_up_blocks, t.gate_up_group)) *
-         t.gate_up_split;
-}
+// Down-GEMM CTAs per token tile: the grid's y.
 HPC_MOE_HD int down_ctas_per_tile(const MoeTiling& t) {
   return static_cast<int>(ceil_div(t.down_blocks, t.down_group));
 }
@@ -115,10 +104,21 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     while (split > 1 && out_tiles * split > kMaxSplitCtas) --split;
   }
   t.gate_up_split = split;
-  // A split gate-up CTA's partial sums are merged per column block.
-  t.gate_up_group =
-      split > 1 ? 1 : block_group(t.gate_up_blocks, tiles, num_sms);
-  t.down_group = block_group(t.down_blocks, tiles, num_sms);
+
+  // Down row blocks per CTA: doubled while a CTA would stream fewer than
+  // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles still fill
+  // every slot.
+  const int64_t cta_slots =
+      int64_t(num_sms) *
+      (t.token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1);
+  const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
+  t.down_group = 1;
+  while (t.down_group < t.down_blocks &&
+         t.down_group * down_k_blocks < kMinCtaKBlocks &&
+         tiles * ceil_div(t.down_blocks, 2 * t.down_group) >= cta_slots) {
+    t.down_group *= 2;
+  }
+  t.down_group = std::min(t.down_group, t.down_blocks);
   t.quantize_in_route = num_tokens <= kRouteQuantizeTokens;
   return t;
 }
