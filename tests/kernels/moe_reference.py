@@ -101,7 +101,10 @@ def dynamic_scales(x: torch.Tensor, group: int | None) -> torch.Tensor:
         if cols % group:
             raise ValueError(f"{cols} columns are not a multiple of {group}")
         amax = x.reshape(rows, cols // group, group).abs().amax(dim=-1)
-    scale = amax / FP8_MAX
+    # A tensor divisor: dividing by a Python scalar multiplies by its
+    # rounded reciprocal, one ulp off the quotient now and then, which tips
+    # the many exact rounding ties of x / scale (bf16 x, amax / 448).
+    scale = amax / torch.full_like(amax, FP8_MAX)
     return torch.where(amax > 0, scale, torch.ones_like(scale))
 
 

@@ -239,9 +239,21 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
             : nullptr;
   }
 
+  // The token copies of kCopyLag stages stay in flight: stage i is
+  // published (the lane arrives on its full barrier) once its copies have
+  // landed, after those of stage i + kCopyLag went out. Waiting for each
+  // stage's copies before issuing the next would hold the producer to one
+  // L2 round trip per stage. (The producer reuses stage i's buffers only
+  // after the consumers released it, which follows its publication.)
+  constexpr int kCopyLag = Config::kStages - 1;
   const int n = range.size();
   int stage = 0;
   uint32_t phase = 0;
+  int published = 0;
+  auto publish_oldest = [&] {
+    FullBarrier::arrive(&full[published % Config::kStages]);
+    ++published;
+  };
   for (int i = 0; i < n; ++i) {
     const int kb = range.kb(i);
     if (i >= Config::kStages) {
@@ -260,23 +272,19 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                        valid ? chunk_src[c] + kb * kTileK : source.base, valid);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
-    // Publish the previous stage: its copies are the older group.
-    if (i > 0) {
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
+    if (i >= kCopyLag) {
+      asm volatile("cp.async.wait_group %0;" ::"n"(kCopyLag) : "memory");
       cutlass::arch::fence_view_async_shared();
-      const int prev = stage == 0 ? Config::kStages - 1 : stage - 1;
-      FullBarrier::arrive(&full[prev]);
+      publish_oldest();
     }
     if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;
     }
   }
-  if (n > 0) {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    cutlass::arch::fence_view_async_shared();
-    FullBarrier::arrive(&full[stage == 0 ? Config::kStages - 1 : stage - 1]);
-  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  cutlass::arch::fence_view_async_shared();
+  while (published < n) publish_oldest();
 }
 
 // Consumer warpgroup `wg`: acc = sum over k-blocks [kb_begin, kb_end) of
