@@ -1,8 +1,8 @@
 // Epilogues of the grouped FP8 GEMMs (moe_gemm.cuh). Each consumer thread
 // holds acc(i) = out[weight row, token] with coord(i) = (row within its
 // warpgroup's 128, token within the tile). Both stage through a shared
-// memory area of their own (GemmConfig::kStagingOffset): the pipeline keeps
-// loading the CTA's next block meanwhile.
+// memory area apart from the pipeline's stages (GemmConfig::kStagingOffset):
+// a down CTA's pipeline keeps loading its next row block meanwhile.
 //
 //   merge_split_k      gate-up with split K: every CTA stores its partial
 //                      sums; the last to arrive adds all of them in split
