@@ -28,8 +28,8 @@ void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
                  int64_t num_ctas, int64_t max_units, int64_t min_split_tiles,
                  int64_t mode, int64_t split_tiles);
 
-// Split-KV paged decode attention (decode kernel + combine) following a plan
-// written by plan_decode.
+// Split-KV paged decode attention following a plan written by plan_decode
+// (pieces of a split sequence are merged by the CTA that finishes last).
 void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                       const at::Tensor& value_cache,
                       const at::Tensor& block_table, const at::Tensor& kv_lens,

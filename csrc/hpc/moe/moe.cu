@@ -30,7 +30,7 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   }
   launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
                   3 * p.num_experts * sizeof(int), stream, p);
-  if (p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route) {
+  if (quantize_stage_runs(p)) {
     launch_with_pdl(
         moe_quantize_kernel,
         dim3((p.num_tokens + kQuantTokensPerCta - 1) / kQuantTokensPerCta),

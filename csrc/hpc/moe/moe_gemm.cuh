@@ -17,9 +17,10 @@
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
-// may be split over CTAs (moe_tiling.h). A CTA may take several weight
-// blocks of its tile in turn (a WorkRange); the stage ring runs on across
-// them, so the next block's weights stream in during this one's epilogue.
+// may be split over CTAs (moe_tiling.h). A down-GEMM CTA may take several
+// row blocks of its tile in turn (a WorkRange); the stage ring runs on
+// across them, so the next block's weights stream in during this one's
+// epilogue.
 // Epilogues: moe_gemm_epilogue.cuh.
 #pragma once
 
@@ -55,7 +56,7 @@ struct GemmConfig {
   // put more weight bytes in flight per SM than one CTA with 5, and halve
   // the work per wave. Wide tiles need the registers of one CTA per SM.
   static constexpr bool kNarrow = kTokens <= kNarrowTile;
-  static constexpr int kCtasPerSm = kNarrow ? kNarrowTileCtasPerSm : 1;
+  static constexpr int kCtasPerSm = gemm_ctas_per_sm(kTokens);
   static constexpr int kStages = kNarrow ? 3 : 4;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes

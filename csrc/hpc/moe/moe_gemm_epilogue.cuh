@@ -92,7 +92,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
   int* token_amax =
       reinterpret_cast<int*>(staging + kValues * 128 * sizeof(float));
 
-  // The previous block's stores have read the staging area.
+  // Both warpgroups are past their wgmma before the exchange.
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
   if (wg == 1) {
 #pragma unroll

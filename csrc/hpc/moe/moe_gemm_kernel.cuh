@@ -26,8 +26,7 @@ namespace moe {
 // down GEMM always, for the gate-up GEMM when the quantize stage ran between.
 template <bool kGateUp>
 __device__ __forceinline__ bool route_tables_complete(const MoeParams& p) {
-  return !kGateUp ||
-         (p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route);
+  return !kGateUp || quantize_stage_runs(p);
 }
 
 // kGateUp: the gate-up GEMM (weights: the 4-D map of w13 as

@@ -144,5 +144,14 @@ struct MoeParams {
   MoeWorkspaceLayout layout;
 };
 
+// Who quantizes 16-bit inputs (FP8 inputs need nothing): the route CTA for
+// a few tokens, else a quantize stage of its own between route and gate-up.
+HPC_MOE_HD bool route_quantizes(const MoeParams& p) {
+  return p.input_type != ElemType::kFp8E4m3 && p.tiling.quantize_in_route;
+}
+HPC_MOE_HD bool quantize_stage_runs(const MoeParams& p) {
+  return p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route;
+}
+
 }  // namespace moe
 }  // namespace hpc

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     slot_row[s] = row;
   }
   // A few 16-bit tokens: quantize them here and save the quantize launch.
-  if (p.tiling.quantize_in_route && p.input_type != ElemType::kFp8E4m3) {
+  if (route_quantizes(p)) {
     quantize_tokens(p, 0, p.num_tokens);
   }
 }

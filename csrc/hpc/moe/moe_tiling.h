@@ -42,6 +42,12 @@ constexpr int kMaxSplit = 16;
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
+
+// GEMM CTAs that share an SM for a token tile width.
+constexpr int gemm_ctas_per_sm(int token_tile) {
+  return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
+}
+
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
 // Up to this many 16-bit tokens are quantized by the route CTA (32 warps:
@@ -95,7 +101,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   const int64_t ctas = tiles * t.gate_up_blocks;
   const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
   int split = 1;
-  const int64_t slots = int64_t(num_sms) * kNarrowTileCtasPerSm;
+  const int64_t slots = int64_t(num_sms) * gemm_ctas_per_sm(t.token_tile);
   if (t.token_tile == kMinTokenTile && ctas < slots) {
     split = static_cast<int>(std::min<int64_t>(
         {slots / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
@@ -108,14 +114,11 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // Down row blocks per CTA: doubled while a CTA would stream fewer than
   // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles still fill
   // every slot.
-  const int64_t cta_slots =
-      int64_t(num_sms) *
-      (t.token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1);
   const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
   t.down_group = 1;
   while (t.down_group < t.down_blocks &&
          t.down_group * down_k_blocks < kMinCtaKBlocks &&
-         tiles * ceil_div(t.down_blocks, 2 * t.down_group) >= cta_slots) {
+         tiles * ceil_div(t.down_blocks, 2 * t.down_group) >= slots) {
     t.down_group *= 2;
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
