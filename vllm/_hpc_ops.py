@@ -1522,6 +1522,7 @@ class MoeTiling:
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
     quantize_in_route: bool  # 16-bit inputs quantized by the route kernel
+    decode: bool  # a few tokens: the two-kernel decode path instead
 
 
 def moe_tiling(
@@ -1561,7 +1562,7 @@ def moe_tiling(
             num_sms,
         )
     )
-    values[-1] = bool(values[-1])
+    values[-2:] = [bool(v) for v in values[-2:]]
     return MoeTiling(*values)
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Small fused FP8 MoE runs (routing, input quantization, both grouped
-GEMMs, the top-k reduction) for compute-sanitizer.
+GEMMs, the top-k reduction, and the decode path) for compute-sanitizer.
 
 Run from the repository root, for example::
 
@@ -72,7 +72,8 @@ CASES: list[dict[str, object]] = [
         spare=0,
     ),
     # Per-token dynamic quantization of fp16 input, one expert per token
-    # with the router weight already applied, skewed routing.
+    # with the router weight already applied, skewed routing (5 tokens: the
+    # decode path).
     dict(
         name="tensor-dynamic-fp16-weight-on-input",
         weights=dict(
@@ -88,15 +89,34 @@ CASES: list[dict[str, object]] = [
         ),
         spare=11,
     ),
-    # One token on two experts: the gate-up GEMM splits its K over CTAs
-    # (8-token tile, split partials and the last-CTA merge), block-wise.
+    # 24 tokens on 8 experts, one each: the gate-up GEMM splits its K over
+    # CTAs (8-token tiles, split partials and the last-CTA merge), block-wise.
     dict(
-        name="block-split-k-one-token",
+        name="block-split-k",
         weights=dict(
             num_experts=8, hidden_size=2048, intermediate_size=256, block_wise=True
         ),
-        inputs=dict(num_tokens=1, topk=2),
+        inputs=dict(num_tokens=24, topk=1),
         spare=3,
+    ),
+    # The decode path (up to 16 tokens): every token on the same two
+    # experts, so an owner CTA takes 16 columns (two MMA tiles); FP8 input
+    # with 1x128 scales, a scattered map, a shared output.
+    dict(
+        name="decode-block-fp8-single",
+        weights=dict(
+            num_experts=8, hidden_size=512, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(
+            num_tokens=16,
+            topk=2,
+            hidden_dtype=FP8_DTYPE,
+            routing="single",
+            ep="map",
+            ep_size=2,
+            shared_output=True,
+        ),
+        spare=2,
     ),
     # Many tiles and a short K (I = 128): a down CTA takes all four row
     # blocks of its tile, the stage ring running on across them, each

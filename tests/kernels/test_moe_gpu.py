@@ -12,19 +12,19 @@ exactly zero (or exactly ``shared_output``), and the inputs unchanged.
 The reference dequantizes the same FP8 values the kernel must use (it
 quantizes 16-bit inputs and the intermediate by the contract's rules).
 
-The axes are combined in grids rather than a full product: token counts
-{1, 3, 64, 257, 4096} x six (experts, top-k, hidden, intermediate) shapes
-from E {8, 192}, k {1, 8}, H {2048, 4096}, I {192, 768, 1536}, each with a
-per-tensor mode (static, per-token dynamic, or FP8 input) and a block-wise
-one (16-bit or FP8 input) where I allows, cycling routing (uniform,
-skewed), expert parallelism (none, a local range through
-``expert_offset``, a scattered ``expert_map``), ``shared_output``, fp16
-output, int64 ids and spare workspace rows. Then every quantization mode x
-both EP kinds, ``apply_router_weight_on_input``, all tokens on the same
-experts, padded rows, [1]-shaped scales; CUDA-graph capture and replay (one
-graph per token count, one shared workspace), one workspace serving both
-modes, writes staying inside ``out``, alignment errors, zero tokens, and
-``torch.library.opcheck``.
+The axes are combined in grids rather than a full product: token counts {1,
+3, 16, 64, 257, 4096} (up to 16: the decode path) x six (experts, top-k,
+hidden, intermediate) shapes from E {8, 192}, k {1, 8}, H {2048, 4096}, I
+{192, 768, 1536}, each with a per-tensor mode (static, per-token dynamic,
+or FP8 input) and a block-wise one (16-bit or FP8 input) where I allows,
+cycling routing (uniform, skewed), expert parallelism (none, a local range
+through ``expert_offset``, a scattered ``expert_map``), ``shared_output``,
+fp16 output, int64 ids and spare workspace rows. Then every quantization
+mode x both EP kinds, ``apply_router_weight_on_input``, all tokens on the
+same experts, padded rows, [1]-shaped scales; CUDA-graph capture and replay
+(one graph per token count, one shared workspace), one workspace serving
+both modes, writes staying inside ``out``, alignment errors, zero tokens,
+and ``torch.library.opcheck``.
 
 Imports only torch, the references and ``vllm._hpc_ops``.
 """
@@ -54,7 +54,7 @@ pytestmark = pytest.mark.gpu
 
 BF16 = torch.bfloat16
 FP16 = torch.float16
-TOKENS = (1, 3, 64, 257, 4096)
+TOKENS = (1, 3, 16, 64, 257, 4096)
 PER_TENSOR = ("tensor-static", "tensor-dynamic", "tensor-fp8")
 BLOCK_WISE = ("block", "block-fp8")
 
@@ -274,7 +274,11 @@ def _feature_cases() -> list[Case]:
             weight_on_input=True,
             ids_dtype=torch.int64,
         ),
-        # Every token on the same experts: one expert holds all rows.
+        # Every token on the same experts: one expert holds all rows (on the
+        # decode path: 16 columns, two MMA tiles; 17 tokens: grouped path).
+        Case(tokens=16, shape=wide, quant="tensor-dynamic", routing="single"),
+        Case(tokens=16, shape=EP_SHAPE, quant="block-fp8", routing="single"),
+        Case(tokens=17, shape=EP_SHAPE, quant="block", routing="single"),
         Case(tokens=4096, shape=wide, quant="block", routing="single"),
         Case(tokens=4096, shape=wide, quant="tensor-fp8", routing="single"),
         Case(tokens=257, shape=EP_SHAPE, quant="block-fp8", routing="single", ep="map"),
@@ -328,13 +332,13 @@ def test_case_ids_are_unique() -> None:
     cases = _grid_cases() + _ep_cases() + _feature_cases()
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids))
-    assert 60 <= len(ids) <= 100
+    assert 60 <= len(ids) <= 110
 
 
 def test_cases_cover_every_tiling() -> None:
     """The cases reach every token tile of the grouped GEMMs, 8-token tiles
-    with and without split K, and down-GEMM CTAs of one and of several row
-    blocks (the tiling of this GPU)."""
+    with and without split K, down-GEMM CTAs of one and of several row
+    blocks, and the decode path (the tiling of this GPU)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tilings = [
         moe_tiling(
@@ -352,6 +356,7 @@ def test_cases_cover_every_tiling() -> None:
     assert any(t.gate_up_split > 1 for t in tilings)
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}
+    assert {t.decode for t in tilings} == {True, False}
 
 
 # ---------------------------------------------------------------------------
@@ -423,7 +428,7 @@ def test_wrong_device_is_rejected() -> None:
 # CUDA graphs
 # ---------------------------------------------------------------------------
 
-GRAPH_TOKENS = (1, 3, 64, 257)
+GRAPH_TOKENS = (1, 3, 16, 64, 257)
 _GRAPH_CASES = [
     Case(tokens=257, shape=Shape(8, 8, 2048, 768), quant="block"),
     Case(

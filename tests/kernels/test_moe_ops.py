@@ -699,6 +699,7 @@ def test_tiling_invariants(config: str, sms: int) -> None:
             assert t.down_group // 2 * math.ceil(inter / 128) < 8
         assert t.max_tiles >= 1
         assert t.quantize_in_route == (tokens <= 16)
+        assert t.decode == (tokens <= 16)
         assert 1 <= t.gate_up_split <= 16
         if t.gate_up_split > 1:
             # Split partials hold 8-token tiles, at most 512 CTAs' worth, and

@@ -1,9 +1,13 @@
 // Host side of the fused FP8 MoE pipeline: the stages in stream order, each
-// chained to the previous one with programmatic dependent launch.
+// chained to the previous one with programmatic dependent launch. A few
+// tokens take the two-kernel decode path; more, route + grouped GEMMs.
 #include <stdexcept>
 
 #include "common/pdl.cuh"
+#include "common/smem_config.h"
 #include "moe/moe.h"
+#include "moe/moe_decode_down.cuh"
+#include "moe/moe_decode_gate_up.cuh"
 #include "moe/moe_gemm.h"
 #include "moe/moe_quantize.cuh"
 #include "moe/moe_reduce.cuh"
@@ -11,6 +15,23 @@
 
 namespace hpc {
 namespace moe {
+
+namespace {
+
+void launch_decode(const MoeParams& p, cudaStream_t stream) {
+  const int gate_up_smem = gate_up_smem_layout(p).bytes();
+  const int down_smem = down_smem_layout(p).bytes();
+  configure_smem(moe_decode_gate_up_kernel, gate_up_smem, "fused_moe_fp8");
+  configure_smem(moe_decode_down_kernel, down_smem, "fused_moe_fp8");
+  launch_with_pdl(moe_decode_gate_up_kernel,
+                  dim3(p.inter / kDecodeColumns, p.num_tokens * p.topk),
+                  dim3(kDecodeThreads), gate_up_smem, stream, p);
+  launch_with_pdl(moe_decode_down_kernel,
+                  dim3(p.num_tokens, p.hidden / kDecodeDownRows),
+                  dim3(kDecodeThreads), down_smem, stream, p);
+}
+
+}  // namespace
 
 void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
@@ -27,6 +48,10 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
                                                        p.tiling.gate_up_split >
                                                    kMaxSplitCtas)) {
     throw std::invalid_argument("fused_moe_fp8: split-K tiling out of range");
+  }
+  if (p.tiling.decode) {
+    launch_decode(p, stream);
+    return;
   }
   launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
                   3 * p.num_experts * sizeof(int), stream, p);

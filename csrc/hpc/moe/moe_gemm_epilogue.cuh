@@ -26,6 +26,8 @@
 
 #include "common/sync.cuh"
 #include "common/vec.cuh"
+#include "moe/moe_activation.cuh"
+#include "moe/moe_fp8.cuh"
 #include "moe/moe_gemm.cuh"
 #include "moe/moe_params.h"
 
@@ -72,10 +74,6 @@ __device__ bool merge_split_k(const MoeParams& p, int out_tile, int split_index,
   }
   if (t == 0) counters[out_tile] = 0;  // ready for the next call
   return true;
-}
-
-__device__ __forceinline__ float silu(float x) {
-  return x / (1.f + __expf(-x));
 }
 
 template <int kTokens, class Acc, class Coord>
@@ -125,7 +123,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
     if (t < tile.rows) {
       const float m = __int_as_float(token_amax[t]);
       inter_scale[int64_t(tile.row0 + t) * ceil_div(p.inter, kScaleBlock) +
-                  n0 / kScaleBlock] = m > 0.f ? m / kFp8E4m3Max : 1.f;
+                  n0 / kScaleBlock] = dynamic_scale(m);
     }
   }
   const float static_scale = p.block_wise ? 1.f : *p.a2_scale;
@@ -136,7 +134,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
     float scale = static_scale;
     if (p.block_wise) {
       const float m = __int_as_float(token_amax[tok]);  // the scale above
-      scale = m > 0.f ? m / kFp8E4m3Max : 1.f;
+      scale = dynamic_scale(m);
     }
     // Divided, as the quantize stage does (moe_quantize.cuh).
     staged[tok * kWgRows + row] = __nv_cvt_float_to_fp8(

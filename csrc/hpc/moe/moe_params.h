@@ -80,8 +80,15 @@ struct MoeWorkspaceLayout {
     return inter_scale() +
            align(4 * max_rows() * ((inter + kScaleBlock - 1) / kScaleBlock));
   }
-  HPC_MOE_HD int64_t bytes() const {
+  // float [min(max_tokens, kDecodeMaxTokens) * topk, I]: the decode path's
+  // SiLU(gate) * up per slot (token * topk + j), before quantization.
+  HPC_MOE_HD int64_t decode_inter() const {
     return down_rows() + align(2 * max_rows() * hidden);
+  }
+  HPC_MOE_HD int64_t bytes() const {
+    const int64_t decode_rows =
+        (max_tokens < kDecodeMaxTokens ? max_tokens : kDecodeMaxTokens) * topk;
+    return decode_inter() + align(4 * decode_rows * inter);
   }
 };
 

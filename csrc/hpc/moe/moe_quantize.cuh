@@ -11,6 +11,7 @@
 
 #include "common/pdl.cuh"
 #include "common/vec.cuh"
+#include "moe/moe_fp8.cuh"
 #include "moe/moe_params.h"
 
 namespace hpc {
@@ -25,11 +26,6 @@ constexpr int kChunksPerItem = 4;
 // Tokens one quantize_tokens call takes at most.
 constexpr int kMaxQuantTokens = kRouteQuantizeTokens;
 static_assert(kQuantTokensPerCta <= kMaxQuantTokens);
-
-template <typename T>
-__device__ __forceinline__ const T* input_row(const MoeParams& p, int token) {
-  return static_cast<const T*>(p.input) + int64_t(token) * p.input_stride;
-}
 
 __device__ __forceinline__ float* input_scales(const MoeParams& p, int token) {
   return reinterpret_cast<float*>(p.workspace + p.layout.input_scale()) +
@@ -74,19 +70,9 @@ __device__ float quantize_token_scale(const MoeParams& p, int token, int lane) {
   for (int o = 16; o > 0; o /= 2) {
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   }
-  const float s = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
+  const float s = dynamic_scale(amax);
   if (lane == 0) input_scales(p, token)[0] = s;
   return s;
-}
-
-// Rounds x / scale to E4M3 (saturating), 8 values to 8 bytes. A true
-// division, not a multiplication by 1 / scale: bf16 inputs often divide to
-// an exact rounding tie, which the reciprocal's rounding error would tip.
-__device__ __forceinline__ void store8_fp8_divided(uint8_t* dst, float (&v)[8],
-                                                   float scale) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __fdiv_rn(v[i], scale);
-  store8_fp8(dst, v, 1.f);
 }
 
 // kChunksPerItem chunks of one token's row, by one warp. A lane holds 8
@@ -106,14 +92,7 @@ __device__ void quantize_item(const MoeParams& p, int token, int chunk0,
     const bool active = c < p.hidden;
     float scale_j = scale;
     if (p.block_wise) {
-      float amax = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[j][i]));
-#pragma unroll
-      for (int o = 8; o > 0; o /= 2) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      }
-      scale_j = amax > 0.f ? amax / kFp8E4m3Max : 1.f;
+      scale_j = group_scale16(v[j]);
       if (active && lane % 16 == 0) {
         input_scales(p, token)[c / kScaleBlock] = scale_j;
       }

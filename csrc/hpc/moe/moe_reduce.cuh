@@ -16,7 +16,6 @@ namespace hpc {
 namespace moe {
 
 constexpr int kReduceThreads = 256;
-constexpr int kMaxTopk = 16;
 // Expert rows whose loads a thread has in flight together.
 constexpr int kReduceBatch = 4;
 

@@ -31,6 +31,7 @@ constexpr int kScaleBlock = 128;  // block-wise scales: 128 x 128 weights,
 constexpr int kTileK = 128;       // K bytes per pipeline stage = 1 scale block
 constexpr int kWgRows = 128;      // weight rows per consumer warpgroup
 constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
+constexpr int kMaxTopk = 16;
 constexpr int kMinTokenTile = 8;
 constexpr int kMaxTokenTile = 64;
 // Split-K partials are kept for at most this many gate-up CTAs, each
@@ -48,6 +49,13 @@ constexpr int gemm_ctas_per_sm(int token_tile) {
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
 
+// Up to this many tokens take the decode path (moe_decode_gate_up.cuh,
+// moe_decode_down.cuh): two kernels that stream the weights through
+// warp-level MMAs, with no routing tables, no split-K merge and the top-k
+// sum done by the down CTAs. An expert then sees at most this many tokens
+// (two 8-column MMA tiles).
+constexpr int kDecodeMaxTokens = 16;
+
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
 // Up to this many 16-bit tokens are quantized by the route CTA (32 warps:
@@ -63,6 +71,7 @@ struct MoeTiling {
   int down_blocks;         // 256-row blocks of the hidden dimension
   int down_group;          // row blocks per down-GEMM CTA
   bool quantize_in_route;  // 16-bit inputs: the route CTA quantizes them
+  bool decode;             // the decode path instead of route + grouped GEMMs
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -123,6 +132,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
   t.quantize_in_route = num_tokens <= kRouteQuantizeTokens;
+  t.decode = num_tokens <= kDecodeMaxTokens;
   return t;
 }
 
