@@ -1521,7 +1521,6 @@ class MoeTiling:
     gate_up_split: int  # K splits of the gate-up GEMM
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
-    quantize_in_route: bool  # 16-bit inputs quantized by the route kernel
     decode: bool  # a few tokens: the two-kernel decode path instead
 
 
@@ -1562,7 +1561,7 @@ def moe_tiling(
             num_sms,
         )
     )
-    values[-2:] = [bool(v) for v in values[-2:]]
+    values[-1] = bool(values[-1])
     return MoeTiling(*values)
 
 

@@ -698,7 +698,6 @@ def test_tiling_invariants(config: str, sms: int) -> None:
         if t.down_group > 1:
             assert t.down_group // 2 * math.ceil(inter / 128) < 8
         assert t.max_tiles >= 1
-        assert t.quantize_in_route == (tokens <= 16)
         assert t.decode == (tokens <= 16)
         assert 1 <= t.gate_up_split <= 16
         if t.gate_up_split > 1:

@@ -1,6 +1,6 @@
 // Host side of the fused FP8 MoE pipeline: the stages in stream order, each
 // chained to the previous one with programmatic dependent launch. A few
-// tokens take the two-kernel decode path; more, route + grouped GEMMs.
+// tokens take the decode path; more, route + grouped GEMMs + reduce.
 #include <stdexcept>
 
 #include "common/pdl.cuh"
@@ -18,7 +18,17 @@ namespace moe {
 
 namespace {
 
+void launch_quantize(const MoeParams& p, cudaStream_t stream) {
+  if (!quantize_stage_runs(p)) return;
+  launch_with_pdl(
+      moe_quantize_kernel,
+      dim3((p.num_tokens + kQuantTokensPerCta - 1) / kQuantTokensPerCta),
+      dim3(kQuantWarps * 32), 0, stream, p);
+}
+
+// quantize (16-bit inputs) -> gate-up -> down.
 void launch_decode(const MoeParams& p, cudaStream_t stream) {
+  launch_quantize(p, stream);
   const int gate_up_smem = gate_up_smem_layout(p).bytes();
   const int down_smem = down_smem_layout(p).bytes();
   configure_smem(moe_decode_gate_up_kernel, gate_up_smem, "fused_moe_fp8");
@@ -55,12 +65,7 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   }
   launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
                   3 * p.num_experts * sizeof(int), stream, p);
-  if (quantize_stage_runs(p)) {
-    launch_with_pdl(
-        moe_quantize_kernel,
-        dim3((p.num_tokens + kQuantTokensPerCta - 1) / kQuantTokensPerCta),
-        dim3(kQuantWarps * 32), 0, stream, p);
-  }
+  launch_quantize(p, stream);
   launch_gate_up_gemm(p, stream);
   launch_down_gemm(p, stream);
   launch_with_pdl(moe_reduce_kernel, dim3(p.num_tokens), dim3(kReduceThreads),

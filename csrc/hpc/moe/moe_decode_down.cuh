@@ -1,6 +1,6 @@
 // Decode path of the fused FP8 MoE, down stage: out[token] = sum over the
 // token's local experts j of w_j * (W2[e_j] q_j) (+ shared output), where
-// q_j is the slot's h (moe_decode_gate_up.cuh) quantized to FP8 here.
+// q_j is the slot's FP8 intermediate (moe_decode_gate_up.cuh).
 //
 // CTA (x: a token, y: 16 rows of H). Its work items are (slot j, 64-byte K
 // step) pairs, each warp a contiguous run of them; the A side is 16 rows of
@@ -24,9 +24,8 @@
 #include "common/pdl.cuh"
 #include "common/vec.cuh"
 #include "moe/moe_decode_gate_up.cuh"
-#include "moe/moe_fp8.cuh"
 #include "moe/moe_params.h"
-#include "moe/moe_route.cuh"
+#include "moe/moe_token_source.cuh"
 #include "moe/moe_warp_mma.cuh"
 
 namespace hpc {
@@ -53,44 +52,30 @@ __host__ __device__ inline DownSmemLayout down_smem_layout(const MoeParams& p) {
   return {p.topk, p.inter};
 }
 
-// Quantizes the token's local slots of h into `b` ([j][I] FP8) and `scales`
-// ([j][group]): the static per-tensor scale or 1 x 128 groups (block-wise),
-// as the grouped path's gate-up epilogue does. A half-warp takes a group.
+// The token's local slots of the FP8 intermediate (moe_decode_gate_up.cuh)
+// and their scales, copied to `b` ([j][I]) and `scales` ([j][group]).
+// Through L2: the gate-up stage wrote them.
 __device__ __forceinline__ void stage_intermediate(const MoeParams& p,
                                                    int token,
                                                    const int* slot_expert,
                                                    uint8_t* b, float* scales) {
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
+  const TokenSource<false> src = TokenSource<false>::make(p);
   const int I = p.inter;
+  const int chunks = I / 16;
+  for (int i = threadIdx.x; i < p.topk * chunks; i += kDecodeThreads) {
+    const int j = i / chunks;
+    if (slot_expert[j] < 0) continue;
+    const int64_t offset = (int64_t(token) * p.topk + j) * src.stride;
+    *reinterpret_cast<uint4*>(b + j * I + (i % chunks) * 16) = __ldcg(
+        reinterpret_cast<const uint4*>(src.base + offset + (i % chunks) * 16));
+  }
   const int groups = (I + kScaleBlock - 1) / kScaleBlock;
-  const int items = p.topk * groups;
-  const int offset = (lane % 16) * 8;
-  const float* h =
-      reinterpret_cast<const float*>(p.workspace + p.layout.decode_inter());
-  const float static_scale = p.block_wise ? 1.f : *p.a2_scale;
-  for (int base = 2 * warp; base < items; base += 2 * kDecodeWarps) {
-    const int item = base + lane / 16;
-    const int j = item / groups;
-    const int channel = (item % groups) * kScaleBlock + offset;
-    const bool active =
-        item < items && slot_expert[j] >= 0 && channel < I;  // I % 64 == 0
-    float v[8];
-    if (active) {
-      const float4* src = reinterpret_cast<const float4*>(
-          h + (int64_t(token) * p.topk + j) * I + channel);
-      const float4 a = src[0], c = src[1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-      v[4] = c.x, v[5] = c.y, v[6] = c.z, v[7] = c.w;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.f;
-    }
-    const float s = p.block_wise ? group_scale16(v) : static_scale;
-    if (active) {
-      store8_fp8_divided(b + j * I + channel, v, s);
-      if (offset == 0) scales[item] = s;
-    }
+  for (int i = threadIdx.x; i < p.topk * groups; i += kDecodeThreads) {
+    const int j = i / groups;
+    if (slot_expert[j] < 0) continue;
+    scales[i] =
+        __ldcg(src.scale.ptr + (int64_t(token) * p.topk + j) * src.scale.s0 +
+               (i % groups) * src.scale.s1);
   }
 }
 
@@ -140,7 +125,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     }
   }
 
-  pdl_wait_for_producer();  // h of every slot
+  pdl_wait_for_producer();  // the intermediate of every slot
   pdl_launch_dependents();
 
   const DownSmemLayout smem = down_smem_layout(p);

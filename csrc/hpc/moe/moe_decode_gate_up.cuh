@@ -1,31 +1,39 @@
 // Decode path of the fused FP8 MoE, gate-up stage: for a few tokens
 // (moe_tiling.h: kDecodeMaxTokens), h = SiLU(x W_gate^T) * (x W_up^T) for
-// every routed (token, expert) slot, in fp32, without routing tables.
+// every routed (token, expert) slot, quantized to FP8, without routing
+// tables.
 //
 // CTA (x: 8 intermediate columns, y: a slot). The CTA of the first slot
-// routed to an expert owns it; the others exit. The owner gathers every
-// slot routed to its expert as a B column (the slot's token, quantized to
-// FP8 into shared memory as the contract says) and streams 16 weight rows
-// (the 8 gate rows and the 8 up rows of its columns) through warp MMAs
-// (moe_warp_mma.cuh), each warp a contiguous K range with its loads issued
+// routed to an expert owns it; the others exit. The owner takes every slot
+// routed to its expert as a B column (the slot's token as FP8: the input,
+// or the quantize stage's rows) and streams 16 weight rows (the 8 gate rows
+// and the 8 up rows of its columns) through warp MMAs (moe_warp_mma.cuh),
+// each warp a contiguous K range with its loads issued
 // kGateUpStepsInFlight steps ahead. The warps' partial sums meet in shared
-// memory and warp 0 writes SiLU(gate) * up: a lane holds a gate value and the
-// up value of the same column and token. The down stage quantizes h, so a 1 x
-// 128 group spanning 16 CTAs needs no cross-CTA amax here.
+// memory and warp 0 computes SiLU(gate) * up: a lane holds a gate value and
+// the up value of the same column and token.
+//
+// The intermediate's scale: per tensor it is static, so warp 0 writes FP8
+// at once. Block-wise, a 1 x 128 group spans 16 CTAs: they store h in fp32
+// and count their arrivals per (expert, group); the last one quantizes the
+// group for every slot (threadfence reduction), so the down stage copies
+// FP8 rows either way.
+//
+// PDL: after a quantize stage the ids are complete before this kernel's
+// wait (the stage two back has finished), so the slot lookup and the first
+// weight loads come before it.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "common/pdl.cuh"
-#include "common/vec.cuh"
 #include "moe/moe_activation.cuh"
 #include "moe/moe_fp8.cuh"
 #include "moe/moe_params.h"
-#include "moe/moe_route.cuh"
+#include "moe/moe_token_source.cuh"
 #include "moe/moe_warp_mma.cuh"
 
 namespace hpc {
@@ -34,8 +42,8 @@ namespace moe {
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up CTA
-// Weight steps a warp has loading at once: 4 KB per warp, 64 KB per SM at
-// two CTAs. More would not fit the 128 registers of two CTAs per SM.
+// Weight steps a warp has loading at once (1 KB each): four fit the 128
+// registers of two CTAs per SM.
 constexpr int kGateUpStepsInFlight = 4;
 // B columns per pass: two 8-column MMA tiles. A token routes to an expert at
 // most once, so one pass holds every column unless the ids repeat.
@@ -79,95 +87,79 @@ __host__ __device__ inline GateUpSmemLayout gate_up_smem_layout(
   return {slots <= 8 ? 8 : kDecodeBatch, p.hidden};
 }
 
-// Quantizes this warp's groups of each B column's token into `b` (FP8, the
-// layout's column stride) and `scales` ([column][group]), by the contract's
-// rule for 16-bit inputs: static per-tensor, per-token dynamic (a CTA-wide
-// amax first: every warp calls this) or 1 x 128 groups. A half-warp takes a
-// group, 8 channels per lane.
-template <typename T>
-__device__ __forceinline__ void stage_columns_16bit(
-    const MoeParams& p, const int* column_slot, int columns, GroupRange range,
-    uint8_t* b, int stride, float* scales, float (*amax_part)[kDecodeBatch]) {
+// This warp's groups of each B column: the token's FP8 bytes and their
+// scales ([column][group]). Each warp reads only its own groups of B, so a
+// warp barrier suffices after. Through L2: the quantize stage wrote them.
+__device__ __forceinline__ void stage_columns(const MoeParams& p,
+                                              const int* column_slot,
+                                              int columns, GroupRange range,
+                                              uint8_t* b, int stride,
+                                              float* scales) {
+  const TokenSource<true> src = TokenSource<true>::make(p);
   const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
   const int groups = p.hidden / kScaleBlock;
-  const int half = lane / 16;
   const int offset = (lane % 16) * 8;
-  const bool per_token = !p.block_wise && p.a1_scale == nullptr;
-  auto load = [&](int column, int group, float (&v)[8]) {
-    if (group < range.end) {
-      load8(input_row<T>(p, column_slot[column] / p.topk) +
-                group * kScaleBlock + offset,
-            v);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = 0.f;
-    }
-  };
-  if (per_token) {
-    for (int c = 0; c < columns; ++c) {
-      float amax = 0.f;
-      for (int g = range.first; g < range.end; g += 2) {
-        float v[8];
-        load(c, g + half, v);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) {
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      }
-      if (lane == 0) amax_part[warp][c] = amax;
-    }
-    __syncthreads();
-  }
-  const float static_scale = per_token || p.block_wise ? 1.f : *p.a1_scale;
   for (int c = 0; c < columns; ++c) {
-    float token_scale = static_scale;
-    if (per_token) {
-      float amax = 0.f;
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        amax = fmaxf(amax, amax_part[w][c]);
-      }
-      token_scale = dynamic_scale(amax);
-    }
-    for (int g = range.first; g < range.end; g += 2) {
-      const int group = g + half;
-      float v[8];
-      load(c, group, v);
-      const float s = p.block_wise ? group_scale16(v) : token_scale;
-      if (group < range.end) {
-        store8_fp8_divided(b + c * stride + group * kScaleBlock + offset, v, s);
-        if (offset == 0) scales[c * groups + group] = s;
+    const int64_t token = column_slot[c] / p.topk;
+    const uint8_t* row = src.base + token * src.stride;
+    for (int group = range.first + lane / 16; group < range.end; group += 2) {
+      const int channel = group * kScaleBlock + offset;
+      *reinterpret_cast<uint2*>(b + c * stride + channel) =
+          __ldcg(reinterpret_cast<const uint2*>(row + channel));
+      if (offset == 0) {
+        scales[c * groups + group] =
+            __ldcg(src.scale.ptr + token * src.scale.s0 + group * src.scale.s1);
       }
     }
   }
 }
 
-// FP8 inputs: this warp's groups of each column copied as they are, with
-// the caller's scales (per tensor or per token, or per 1 x 128 group).
-__device__ __forceinline__ void stage_columns_fp8(const MoeParams& p,
-                                                  const int* column_slot,
-                                                  int columns, GroupRange range,
-                                                  uint8_t* b, int stride,
-                                                  float* scales) {
+// Block-wise: called by warp 0 of every gate-up CTA once its h values are
+// stored. The last of the 16 CTAs of the expert's 128-column group reads
+// the group's h for every slot and stores it as FP8 with a 1 x 128 scale.
+__device__ __forceinline__ void finish_group(const MoeParams& p, int expert,
+                                             int n0, const int* column_slot,
+                                             int columns) {
   const int lane = threadIdx.x % 32;
-  const int groups = p.hidden / kScaleBlock;
-  const int offset = (lane % 16) * 8;
-  for (int c = 0; c < columns; ++c) {
-    const int token = column_slot[c] / p.topk;
-    const uint8_t* row =
-        static_cast<const uint8_t*>(p.input) + int64_t(token) * p.input_stride;
-    for (int group = range.first + lane / 16; group < range.end; group += 2) {
-      *reinterpret_cast<uint2*>(b + c * stride + group * kScaleBlock + offset) =
-          *reinterpret_cast<const uint2*>(row + group * kScaleBlock + offset);
-      if (offset == 0) {
-        scales[c * groups + group] =
-            p.a1_scale[int64_t(token) * p.a1_scale_stride +
-                       (p.block_wise ? group : 0)];
-      }
-    }
+  const int group = n0 / kScaleBlock;
+  const int groups = p.inter / kScaleBlock;  // block-wise: I % 128 == 0
+  int* counter =
+      reinterpret_cast<int*>(p.workspace + p.layout.group_counters()) +
+      expert * groups + group;
+  __threadfence();  // this CTA's h, before its arrival is counted
+  __syncwarp();
+  int last = 0;
+  if (lane == 0) {
+    last = atomicAdd(counter, 1) == kScaleBlock / kDecodeColumns - 1;
   }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  __threadfence();  // the other CTAs' h, after their arrivals
+  const float* h =
+      reinterpret_cast<const float*>(p.workspace + p.layout.decode_inter());
+  uint8_t* q = p.workspace + p.layout.inter_q();
+  float* q_scale =
+      reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
+  for (int c = 0; c < columns; ++c) {
+    const int64_t slot = column_slot[c];
+    const int channel = group * kScaleBlock + lane * 4;
+    const float4 v =
+        __ldcg(reinterpret_cast<const float4*>(h + slot * p.inter + channel));
+    float amax =
+        fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    }
+    const float s = dynamic_scale(amax);
+    const float2 lo = make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s));
+    const float2 hi = make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s));
+    const uint32_t packed =
+        uint32_t(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
+        uint32_t(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16;
+    *reinterpret_cast<uint32_t*>(q + slot * p.inter + channel) = packed;
+    if (lane == 0) q_scale[slot * groups + group] = s;
+  }
+  if (lane == 0) *counter = 0;  // ready for the next call
 }
 
 __global__ void __launch_bounds__(kDecodeThreads, 2)
@@ -176,13 +168,14 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   __shared__ int slot_expert[kMaxDecodeSlots];
   __shared__ int column_slot[kMaxDecodeSlots];
   __shared__ int num_columns;
-  __shared__ float amax_part[kDecodeWarps][kDecodeBatch];
   __shared__ float partial[kDecodeWarps][2][4][32];
 
-  // The ids and the input come from the stages before the chain. The next
-  // stage reads only the chain's inputs before its own wait.
-  pdl_wait_for_producer();
-  pdl_launch_dependents();
+  // Without a quantize stage this kernel's producer wrote the ids.
+  const bool ids_ready = quantize_stage_runs(p);
+  if (!ids_ready) {
+    pdl_wait_for_producer();
+    pdl_launch_dependents();
+  }
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -194,93 +187,90 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   if (tid < slots) slot_expert[tid] = local_expert(p, tid);
   __syncthreads();
   const int expert = slot_expert[slot];
-  // Exit unless this is the expert's first slot (uniform over the CTA).
+  // Exit unless this is the expert's first slot (uniform over the CTA);
+  // after the wait, so that dependents launch only once it is done.
   if (expert < 0 ||
       __syncthreads_or(tid < slot && slot_expert[tid] == expert)) {
+    if (ids_ready) pdl_wait_for_producer();
     return;
   }
+
+  const int H = p.hidden;
+  const int I = p.inter;
+  const int n0 = blockIdx.x * kDecodeColumns;
+  const int groups = H / kScaleBlock;
+  const GroupRange range = warp_groups(groups, warp);
+  const int step_first = 2 * range.first;
+  const int step_end = 2 * range.end;
+  // A rows g (gate) and g + 8 (up) of this lane; bytes [16q, 16q + 16) of
+  // each 64-byte step.
+  const uint8_t* gate = p.w13 + (int64_t(expert) * 2 * I + n0 + g) * H + q * 16;
+  const uint8_t* up = gate + int64_t(I) * H;
+  uint4 lo[kGateUpStepsInFlight], hi[kGateUpStepsInFlight];
+  auto load_first_steps = [&]() {
+#pragma unroll
+    for (int i = 0; i < kGateUpStepsInFlight; ++i) {
+      const int step = step_first + i;
+      if (step < step_end) {
+        lo[i] = load_weights16(gate + step * kStepBytes);
+        hi[i] = load_weights16(up + step * kStepBytes);
+      }
+    }
+  };
+  load_first_steps();
+
   if (warp == 0) {  // the expert's slots, in slot order
     int count = 0;
     for (int base = 0; base < slots; base += 32) {
       const bool mine =
           base + lane < slots && slot_expert[base + lane] == expert;
       const unsigned ballot = __ballot_sync(0xffffffffu, mine);
-      if (mine)
+      if (mine) {
         column_slot[count + __popc(ballot & ((1u << lane) - 1))] = base + lane;
+      }
       count += __popc(ballot);
     }
     if (lane == 0) num_columns = count;
   }
+  if (ids_ready) {
+    pdl_wait_for_producer();  // the quantized input
+    pdl_launch_dependents();
+  }
   __syncthreads();
 
-  const int H = p.hidden;
-  const int I = p.inter;
-  const int n0 = blockIdx.x * kDecodeColumns;
   const GateUpSmemLayout smem = gate_up_smem_layout(p);
   const int stride = smem.column_stride();
   uint8_t* b = decode_smem;
   float* scales = reinterpret_cast<float*>(decode_smem + smem.scales_offset());
-  const int groups = H / kScaleBlock;
-  const GroupRange range = warp_groups(groups, warp);
-  const int step_end = 2 * range.end;
-  // A rows g (gate) and g + 8 (up) of this lane; bytes [16q, 16q + 16) of
-  // each 64-byte step.
-  const uint8_t* gate = p.w13 + (int64_t(expert) * 2 * I + n0 + g) * H + q * 16;
-  const uint8_t* up = gate + int64_t(I) * H;
   const int gate_block = n0 / kScaleBlock;
   const int up_block = (I + n0) / kScaleBlock;
-  float* h = reinterpret_cast<float*>(p.workspace + p.layout.decode_inter());
 
   for (int first = 0; first < num_columns; first += kDecodeBatch) {
+    if (first > 0) {
+      __syncthreads();  // the previous pass has read `partial`
+      load_first_steps();
+    }
     const int columns = min(kDecodeBatch, num_columns - first);
     const int tiles = (columns + 7) / 8;
-    __syncthreads();  // the previous pass has read amax_part and partial
-    uint4 lo[kGateUpStepsInFlight], hi[kGateUpStepsInFlight];
-#pragma unroll
-    for (int i = 0; i < kGateUpStepsInFlight; ++i) {
-      const int step = 2 * range.first + i;
-      if (step < step_end) {
-        lo[i] = load_weights16(gate + step * kStepBytes);
-        hi[i] = load_weights16(up + step * kStepBytes);
-      }
-    }
-    // The weights are on their way; stage the tokens meanwhile. A warp
-    // reads only its own groups of B, so no CTA barrier is needed after.
-    if (p.input_type == ElemType::kFp8E4m3) {
-      stage_columns_fp8(p, column_slot + first, columns, range, b, stride,
-                        scales);
-    } else if (p.input_type == ElemType::kBf16) {
-      stage_columns_16bit<__nv_bfloat16>(p, column_slot + first, columns, range,
-                                         b, stride, scales, amax_part);
-    } else {
-      stage_columns_16bit<__half>(p, column_slot + first, columns, range, b,
-                                  stride, scales, amax_part);
-    }
+    stage_columns(p, column_slot + first, columns, range, b, stride, scales);
     __syncwarp();
 
+    // Each 128-channel group (two steps) is summed apart and folded in
+    // with its weight and activation scales.
     float acc[2][4] = {};
-    for (int base = 2 * range.first; base < step_end;
-         base += kGateUpStepsInFlight) {
+    float part[2][4] = {};
+    for (int base = step_first; base < step_end; base += kGateUpStepsInFlight) {
 #pragma unroll
       for (int i = 0; i < kGateUpStepsInFlight; ++i) {
         const int step = base + i;
         if (step >= step_end) break;
-        const int group = step / 2;
-        const float gate_scale = p.w13_scale.at(expert, gate_block, group);
-        const float up_scale = p.w13_scale.at(expert, up_block, group);
 #pragma unroll
         for (int t = 0; t < 2; ++t) {
-          if (t >= tiles) break;
-          const uint4 x = *reinterpret_cast<const uint4*>(
-              b + (t * 8 + g) * stride + step * kStepBytes + q * 16);
-          float d[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_fp8_step(d, lo[i], hi[i], x);
-          const float s0 = scales[(t * 8 + 2 * q) * groups + group];
-          const float s1 = scales[(t * 8 + 2 * q + 1) * groups + group];
-          acc[t][0] += d[0] * gate_scale * s0;
-          acc[t][1] += d[1] * gate_scale * s1;
-          acc[t][2] += d[2] * up_scale * s0;
-          acc[t][3] += d[3] * up_scale * s1;
+          if (t < tiles) {
+            const uint4 x = *reinterpret_cast<const uint4*>(
+                b + (t * 8 + g) * stride + step * kStepBytes + q * 16);
+            mma_fp8_step(part[t], lo[i], hi[i], x);
+          }
         }
         if (step + kGateUpStepsInFlight < step_end) {
           lo[i] =
@@ -288,13 +278,31 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
           hi[i] =
               load_weights16(up + (step + kGateUpStepsInFlight) * kStepBytes);
         }
+        if (step % 2 == 1) {
+          const int group = step / 2;
+          const float gate_scale = p.w13_scale.at(expert, gate_block, group);
+          const float up_scale = p.w13_scale.at(expert, up_block, group);
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            if (t < tiles) {
+              const float s0 = scales[(t * 8 + 2 * q) * groups + group];
+              const float s1 = scales[(t * 8 + 2 * q + 1) * groups + group];
+              acc[t][0] += part[t][0] * gate_scale * s0;
+              acc[t][1] += part[t][1] * gate_scale * s1;
+              acc[t][2] += part[t][2] * up_scale * s0;
+              acc[t][3] += part[t][3] * up_scale * s1;
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) part[t][j] = 0.f;
+          }
+        }
       }
     }
 
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
+      for (int j = 0; j < 4; ++j) partial[warp][t][j][lane] = acc[t][j];
     }
     __syncthreads();
     if (warp == 0) {
@@ -302,18 +310,27 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
         float v[4] = {0.f, 0.f, 0.f, 0.f};
         for (int w = 0; w < kDecodeWarps; ++w) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) v[i] += partial[w][t][i][lane];
+          for (int j = 0; j < 4; ++j) v[j] += partial[w][t][j][lane];
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int column = t * 8 + 2 * q + j;
-          if (column < columns) {
-            h[int64_t(column_slot[first + column]) * I + n0 + g] =
-                silu(v[j]) * v[2 + j];
+          if (column >= columns) continue;
+          const int64_t at = int64_t(column_slot[first + column]) * I + n0 + g;
+          const float h = silu(v[j]) * v[2 + j];
+          if (p.block_wise) {
+            reinterpret_cast<float*>(p.workspace +
+                                     p.layout.decode_inter())[at] = h;
+          } else {  // divided, as the quantize stage does
+            p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
+                __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
           }
         }
       }
     }
+  }
+  if (p.block_wise && warp == 0) {
+    finish_group(p, expert, n0, column_slot, num_columns);
   }
 }
 

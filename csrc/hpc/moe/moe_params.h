@@ -13,9 +13,9 @@ namespace hpc {
 namespace moe {
 
 // Where each array lives in the flat workspace, for up to `max_tokens`
-// tokens routed to `topk` experts each. The split-K arrival counters come
-// first, at a fixed place whatever the token count: they are zero when the
-// workspace is created and every use returns them to zero.
+// tokens routed to `topk` experts each. The arrival counters come first, at
+// a fixed place whatever the token count: they are zero when the workspace
+// is created and every use returns them to zero.
 struct MoeWorkspaceLayout {
   int64_t max_tokens;
   int topk;
@@ -30,9 +30,15 @@ struct MoeWorkspaceLayout {
 
   // int32 [kMaxSplitCtas]: gate-up split-K arrivals per output tile.
   HPC_MOE_HD int64_t split_counters() const { return 0; }
+  // int32 [num_experts, I / 128]: block-wise decode path, arrivals of the
+  // gate-up CTAs of each expert's 128-column group.
+  HPC_MOE_HD int64_t group_counters() const {
+    return split_counters() + align(4 * kMaxSplitCtas);
+  }
   // float [kMaxSplitCtas, kCtaRows * kMinTokenTile]: split-K partial sums.
   HPC_MOE_HD int64_t split_partials() const {
-    return split_counters() + align(4 * kMaxSplitCtas);
+    return group_counters() + align(4 * int64_t(num_experts) *
+                                    ((inter + kScaleBlock - 1) / kScaleBlock));
   }
   // int32 [num_experts + 1]: first sorted row of each expert.
   HPC_MOE_HD int64_t expert_offset() const {
@@ -80,8 +86,9 @@ struct MoeWorkspaceLayout {
     return inter_scale() +
            align(4 * max_rows() * ((inter + kScaleBlock - 1) / kScaleBlock));
   }
-  // float [min(max_tokens, kDecodeMaxTokens) * topk, I]: the decode path's
-  // SiLU(gate) * up per slot (token * topk + j), before quantization.
+  // float [min(max_tokens, kDecodeMaxTokens) * topk, I]: the block-wise
+  // decode path's SiLU(gate) * up per slot (token * topk + j), before its
+  // 1 x 128 groups are quantized.
   HPC_MOE_HD int64_t decode_inter() const {
     return down_rows() + align(2 * max_rows() * hidden);
   }
@@ -151,13 +158,21 @@ struct MoeParams {
   MoeWorkspaceLayout layout;
 };
 
-// Who quantizes 16-bit inputs (FP8 inputs need nothing): the route CTA for
-// a few tokens, else a quantize stage of its own between route and gate-up.
-HPC_MOE_HD bool route_quantizes(const MoeParams& p) {
-  return p.input_type != ElemType::kFp8E4m3 && p.tiling.quantize_in_route;
+// Local expert of a routed slot (token * topk + j), or -1 when the expert
+// is not on this rank.
+HPC_MOE_HD int local_expert(const MoeParams& p, int slot) {
+  const int64_t id = p.topk_ids_int64
+                         ? static_cast<const int64_t*>(p.topk_ids)[slot]
+                         : static_cast<const int32_t*>(p.topk_ids)[slot];
+  const int e =
+      p.expert_map ? p.expert_map[id] : static_cast<int>(id) - p.expert_offset;
+  return e >= 0 && e < p.num_experts ? e : -1;
 }
+
+// 16-bit inputs are quantized by a stage of their own before the gate-up
+// GEMM; FP8 inputs need none.
 HPC_MOE_HD bool quantize_stage_runs(const MoeParams& p) {
-  return p.input_type != ElemType::kFp8E4m3 && !p.tiling.quantize_in_route;
+  return p.input_type != ElemType::kFp8E4m3;
 }
 
 }  // namespace moe

@@ -24,8 +24,7 @@ constexpr int kChunkChannels = 256;  // 32 lanes x 8 channels
 // flight together (one memory latency per item, not per chunk).
 constexpr int kChunksPerItem = 4;
 // Tokens one quantize_tokens call takes at most.
-constexpr int kMaxQuantTokens = kRouteQuantizeTokens;
-static_assert(kQuantTokensPerCta <= kMaxQuantTokens);
+constexpr int kMaxQuantTokens = kQuantTokensPerCta;
 
 __device__ __forceinline__ float* input_scales(const MoeParams& p, int token) {
   return reinterpret_cast<float*>(p.workspace + p.layout.input_scale()) +

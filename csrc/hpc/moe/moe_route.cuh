@@ -1,7 +1,6 @@
 // Route stage of the fused FP8 MoE pipeline: one CTA builds the per-expert
 // row counts, row offsets and token-tile offsets in shared memory, then the
-// expert-sorted row list (sorted row -> slot) and its inverse; for a few
-// 16-bit tokens it also quantizes them (moe_quantize.cuh).
+// expert-sorted row list (sorted row -> slot) and its inverse.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,19 +9,9 @@
 
 #include "common/pdl.cuh"
 #include "moe/moe_params.h"
-#include "moe/moe_quantize.cuh"
 
 namespace hpc {
 namespace moe {
-
-__device__ __forceinline__ int local_expert(const MoeParams& p, int slot) {
-  const int64_t id = p.topk_ids_int64
-                         ? static_cast<const int64_t*>(p.topk_ids)[slot]
-                         : static_cast<const int32_t*>(p.topk_ids)[slot];
-  const int e =
-      p.expert_map ? p.expert_map[id] : static_cast<int>(id) - p.expert_offset;
-  return e >= 0 && e < p.num_experts ? e : -1;
-}
 
 constexpr int kRouteThreads = 1024;
 
@@ -118,10 +107,6 @@ __global__ void __launch_bounds__(kRouteThreads)
       row_slot[row] = s;
     }
     slot_row[s] = row;
-  }
-  // A few 16-bit tokens: quantize them here and save the quantize launch.
-  if (route_quantizes(p)) {
-    quantize_tokens(p, 0, p.num_tokens);
   }
 }
 

@@ -58,20 +58,15 @@ constexpr int kDecodeMaxTokens = 16;
 
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
-// Up to this many 16-bit tokens are quantized by the route CTA (32 warps:
-// two items of 1024 channels per warp at H = 4096) instead of a quantize
-// launch of their own.
-constexpr int kRouteQuantizeTokens = 16;
 
 struct MoeTiling {
-  int token_tile;          // tokens per GEMM tile: 8, 16, 32 or 64
-  int max_tiles;           // tiles over all local experts, at most (grid size)
-  int gate_up_blocks;      // 128-column blocks of the intermediate
-  int gate_up_split;       // K ranges of the gate-up GEMM, each its own CTA
-  int down_blocks;         // 256-row blocks of the hidden dimension
-  int down_group;          // row blocks per down-GEMM CTA
-  bool quantize_in_route;  // 16-bit inputs: the route CTA quantizes them
-  bool decode;             // the decode path instead of route + grouped GEMMs
+  int token_tile;      // tokens per GEMM tile: 8, 16, 32 or 64
+  int max_tiles;       // tiles over all local experts, at most (grid size)
+  int gate_up_blocks;  // 128-column blocks of the intermediate
+  int gate_up_split;   // K ranges of the gate-up GEMM, each its own CTA
+  int down_blocks;     // 256-row blocks of the hidden dimension
+  int down_group;      // row blocks per down-GEMM CTA
+  bool decode;         // the decode path instead of route + grouped GEMMs
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -131,7 +126,6 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     t.down_group *= 2;
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
-  t.quantize_in_route = num_tokens <= kRouteQuantizeTokens;
   t.decode = num_tokens <= kDecodeMaxTokens;
   return t;
 }
