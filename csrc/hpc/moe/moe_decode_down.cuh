@@ -2,17 +2,15 @@
 // token's local experts j of w_j * (W2[e_j] q_j) (+ shared output), where
 // q_j is the slot's FP8 intermediate (moe_decode_gate_up.cuh).
 //
-// CTA (x: a token, y: 16 rows of H). Its work items are (slot j, 64-byte K
-// step) pairs, each warp a contiguous run of them; the A side is 16 rows of
-// W2[e_j] and the B side q_j in all 8 columns (one token: the columns agree
-// and column 0 is kept). Each item is folded into the warp's sum with its
-// router weight and scales, so the warps' sums added in shared memory are
-// the top-k reduction: no per-slot rows, no reduce stage.
-//
-// Before its PDL wait the CTA reads only the chain's inputs (ids, router
-// weights, expert map: complete, as the gate-up stage waited for their
-// producer before this grid could launch) and issues its first weight
-// loads; h is read after the wait.
+// CTA (x: a token, y: 16 rows of H). Its items are the token's local slots;
+// an item's A tile is 16 rows of W2[e_j], which warp 0 copies whole into a
+// ring of shared-memory stages with the bulk-copy engine (the first ring's
+// worth before the PDL wait: weights and ids are inputs of the chain). The
+// warps take the stages of a round in contiguous (item, 64-byte step) runs;
+// the B side is q_j in all 8 columns (one token: the columns agree, column
+// 0 is kept). Each step is folded into the warp's sum with its router
+// weight and scales, so the warps' sums added in shared memory are the
+// top-k reduction: no per-slot rows, no reduce stage.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,7 +20,6 @@
 #include <cstdint>
 
 #include "common/pdl.cuh"
-#include "common/vec.cuh"
 #include "moe/moe_decode_gate_up.cuh"
 #include "moe/moe_params.h"
 #include "moe/moe_token_source.cuh"
@@ -32,29 +29,37 @@ namespace hpc {
 namespace moe {
 
 constexpr int kDecodeDownRows = 16;  // H rows per down CTA (one MMA tile)
-// Weight steps a warp has loading at once (8 KB): the down CTA stages no
-// tokens while they load, so 8 fit in its registers.
-constexpr int kDownStepsInFlight = 8;
+// Ring bytes at most, so that two CTAs share an SM with their B side.
+constexpr int kDownRingBytes = 96 * 1024;
 
+// Dynamic shared memory of a down CTA: the ring of A stages, then B
+// ([j][I] FP8) and its scales ([j][group]).
 struct DownSmemLayout {
   int topk;
   int inter;
+  __host__ __device__ int stride() const { return fragment_row_stride(inter); }
+  __host__ __device__ int stage_bytes() const {
+    return kDecodeDownRows * stride();
+  }
+  __host__ __device__ int stages() const {
+    const int fit = kDownRingBytes / stage_bytes();
+    return fit < 1 ? 1 : (fit < topk ? fit : topk);
+  }
   __host__ __device__ int scale_groups() const {
     return (inter + kScaleBlock - 1) / kScaleBlock;
   }
-  __host__ __device__ int scales_offset() const { return topk * inter; }
+  __host__ __device__ int b_offset() const { return stages() * stage_bytes(); }
+  __host__ __device__ int scales_offset() const {
+    return b_offset() + topk * inter;  // I % 64 == 0
+  }
   __host__ __device__ int bytes() const {
     return scales_offset() + topk * scale_groups() * 4;
   }
 };
 
-__host__ __device__ inline DownSmemLayout down_smem_layout(const MoeParams& p) {
-  return {p.topk, p.inter};
-}
-
-// The token's local slots of the FP8 intermediate (moe_decode_gate_up.cuh)
-// and their scales, copied to `b` ([j][I]) and `scales` ([j][group]).
-// Through L2: the gate-up stage wrote them.
+// The token's local slots of the FP8 intermediate and their scales, copied
+// to `b` ([j][I]) and `scales` ([j][group]). Through L2: the gate-up stage
+// wrote them.
 __device__ __forceinline__ void stage_intermediate(const MoeParams& p,
                                                    int token,
                                                    const int* slot_expert,
@@ -79,11 +84,15 @@ __device__ __forceinline__ void stage_intermediate(const MoeParams& p,
   }
 }
 
-__global__ void __launch_bounds__(kDecodeThreads, 2)
+__global__ void __launch_bounds__(kDecodeThreads)
     moe_decode_down_kernel(const MoeParams p) {
-  extern __shared__ __align__(16) uint8_t decode_smem[];
-  __shared__ int slot_expert[kMaxTopk];
-  __shared__ float slot_weight[kMaxTopk];
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ __align__(128) uint8_t decode_smem[];
+  __shared__ uint64_t full[kMaxTopk];
+  __shared__ uint64_t empty[kMaxTopk];
+  __shared__ int slot_expert[kMaxTopk];  // by slot j; -1: not local
+  __shared__ int item_slot[kMaxTopk];    // the local slots, in slot order
+  __shared__ int num_items;
   __shared__ float partial[kDecodeWarps][2][32];
 
   const int tid = threadIdx.x;
@@ -95,73 +104,109 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   const int row0 = blockIdx.y * kDecodeDownRows;
   const int H = p.hidden;
   const int I = p.inter;
-  if (tid < p.topk) {
-    const int slot = token * p.topk + tid;
-    slot_expert[tid] = local_expert(p, slot);
-    slot_weight[tid] = p.router_weight_on_input ? 1.f : p.topk_weights[slot];
-  }
-  __syncthreads();
+  const DownSmemLayout layout{p.topk, I};
+  const int stages = layout.stages();
+  const int stride = layout.stride();
+  uint8_t* ring = decode_smem;
+  uint8_t* b = decode_smem + layout.b_offset();
+  float* scales =
+      reinterpret_cast<float*>(decode_smem + layout.scales_offset());
 
-  const int steps = I / kStepBytes;
-  const int items = p.topk * steps;
-  const int per_warp = (items + kDecodeWarps - 1) / kDecodeWarps;
-  const int item_first = min(items, warp * per_warp);
-  const int item_end = min(items, item_first + per_warp);
-  // Lane's bytes of A row g of the item's expert; row g + 8 is 8 I further.
-  auto rows = [&](int item) -> const uint8_t* {
-    const int e = slot_expert[item / steps];
-    if (e < 0) return nullptr;
-    return p.w2 + (int64_t(e) * H + row0 + g) * I +
-           (item % steps) * kStepBytes + q * 16;
-  };
-  uint4 lo[kDownStepsInFlight], hi[kDownStepsInFlight];
-#pragma unroll
-  for (int i = 0; i < kDownStepsInFlight; ++i) {
-    const uint8_t* a =
-        item_first + i < item_end ? rows(item_first + i) : nullptr;
-    if (a != nullptr) {
-      lo[i] = load_weights16(a);
-      hi[i] = load_weights16(a + 8 * I);
+  // The chain's inputs (ids, router weights, expert map) are complete: the
+  // gate-up stage waited for their producer before this grid could launch.
+  if (warp == 0) {
+    const int e = lane < p.topk ? local_expert(p, token * p.topk + lane) : -1;
+    if (lane < p.topk) slot_expert[lane] = e;
+    const unsigned local = __ballot_sync(0xffffffffu, e >= 0);
+    if (e >= 0) item_slot[__popc(local & ((1u << lane) - 1))] = lane;
+    if (lane == 0) {
+      num_items = __popc(local);
+      for (int s = 0; s < stages; ++s) {
+        Barrier::init(&full[s], 1);
+        Barrier::init(&empty[s], kDecodeWarps);
+      }
+      cutlass::arch::fence_barrier_init();
     }
+    __syncwarp();
   }
+  const int items = warp == 0 ? num_items : 0;  // warp 0's view, for issue
+  auto issue = [&](int item) {                  // warp 0
+    const int stage = item % stages;
+    const uint8_t* rows =
+        p.w2 + (int64_t(slot_expert[item_slot[item]]) * H + row0) * I;
+    copy_tile_rows([&](int r) { return rows + int64_t(r) * I; }, I,
+                   ring + stage * layout.stage_bytes(), stride, &full[stage]);
+  };
+  for (int item = 0; item < min(stages, items); ++item) issue(item);
 
   pdl_wait_for_producer();  // the intermediate of every slot
   pdl_launch_dependents();
-
-  const DownSmemLayout smem = down_smem_layout(p);
-  uint8_t* b = decode_smem;
-  float* scales = reinterpret_cast<float*>(decode_smem + smem.scales_offset());
+  __syncthreads();
   stage_intermediate(p, token, slot_expert, b, scales);
   __syncthreads();
 
-  const int groups = smem.scale_groups();
+  const int n = num_items;
+  const int steps = I / kStepBytes;
+  const int groups = layout.scale_groups();
   const int block = row0 / kScaleBlock;
   float acc[2] = {0.f, 0.f};  // rows g and g + 8, column 0
-  for (int base = item_first; base < item_end; base += kDownStepsInFlight) {
-#pragma unroll
-    for (int i = 0; i < kDownStepsInFlight; ++i) {
-      const int item = base + i;
-      if (item >= item_end) break;
-      const int j = item / steps;
+  for (int first = 0; first < n; first += stages) {
+    const int round_items = min(stages, n - first);
+    const int units = round_items * steps;
+    const int per_warp = (units + kDecodeWarps - 1) / kDecodeWarps;
+    const int u0 = min(units, warp * per_warp);
+    const int u1 = min(units, u0 + per_warp);
+    // This warp reads items [first + u0 / steps, first + (u1 - 1) / steps];
+    // it releases the round's other stages at once.
+    const int touched0 = u0 < u1 ? u0 / steps : round_items;
+    const int touched1 = u0 < u1 ? (u1 - 1) / steps : -1;
+    if (lane == 0) {
+      for (int i = 0; i < round_items; ++i) {
+        if (i < touched0 || i > touched1) {
+          Barrier::arrive(&empty[(first + i) % stages]);
+        }
+      }
+    }
+    int current = -1;
+    for (int u = u0; u < u1; ++u) {
+      const int item = first + u / steps;
+      const int stage = item % stages;
+      if (item != current) {
+        if (current >= 0) {
+          __syncwarp();
+          if (lane == 0) Barrier::arrive(&empty[current % stages]);
+        }
+        Barrier::wait(&full[stage], (item / stages) & 1);
+        current = item;
+      }
+      const int j = item_slot[item];
       const int e = slot_expert[j];
-      if (e >= 0) {
-        const int step = item % steps;
-        const int group = step * kStepBytes / kScaleBlock;
-        const uint4 x = *reinterpret_cast<const uint4*>(
-            b + j * I + step * kStepBytes + q * 16);
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        mma_fp8_step(d, lo[i], hi[i], x);
-        const float s = slot_weight[j] * scales[j * groups + group] *
-                        p.w2_scale.at(e, block, group);
-        acc[0] += d[0] * s;
-        acc[1] += d[2] * s;
-      }
-      const int next = item + kDownStepsInFlight;
-      const uint8_t* a = next < item_end ? rows(next) : nullptr;
-      if (a != nullptr) {
-        lo[i] = load_weights16(a);
-        hi[i] = load_weights16(a + 8 * I);
-      }
+      const int step = u % steps;
+      const int k = step * kStepBytes + q * 16;
+      const uint8_t* tile = ring + stage * layout.stage_bytes();
+      const uint4 lo = *reinterpret_cast<const uint4*>(tile + g * stride + k);
+      const uint4 hi =
+          *reinterpret_cast<const uint4*>(tile + (g + 8) * stride + k);
+      const uint4 x = *reinterpret_cast<const uint4*>(b + j * I + k);
+      float d[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_fp8_step(d, lo, hi, x);
+      const int group = step * kStepBytes / kScaleBlock;
+      const float weight =
+          p.router_weight_on_input ? 1.f : p.topk_weights[token * p.topk + j];
+      const float s =
+          weight * scales[j * groups + group] * p.w2_scale.at(e, block, group);
+      acc[0] += d[0] * s;
+      acc[1] += d[2] * s;
+    }
+    if (current >= 0) {
+      __syncwarp();
+      if (lane == 0) Barrier::arrive(&empty[current % stages]);
+    }
+    // Warp 0 refills the ring with the next round as its stages free up.
+    for (int item = first + stages; item < min(items, first + 2 * stages);
+         ++item) {
+      Barrier::wait(&empty[item % stages], (item / stages - 1) & 1);
+      issue(item);
     }
   }
 

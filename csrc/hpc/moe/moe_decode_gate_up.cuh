@@ -4,14 +4,14 @@
 // tables.
 //
 // CTA (x: 8 intermediate columns, y: a slot). The CTA of the first slot
-// routed to an expert owns it; the others exit. The owner takes every slot
-// routed to its expert as a B column (the slot's token as FP8: the input,
-// or the quantize stage's rows) and streams 16 weight rows (the 8 gate rows
-// and the 8 up rows of its columns) through warp MMAs (moe_warp_mma.cuh),
-// each warp a contiguous K range with its loads issued
-// kGateUpStepsInFlight steps ahead. The warps' partial sums meet in shared
-// memory and warp 0 computes SiLU(gate) * up: a lane holds a gate value and
-// the up value of the same column and token.
+// routed to an expert owns it; the others exit. The owner copies its 16
+// weight rows whole (the 8 gate rows and the 8 up rows of its columns) into
+// shared memory with the bulk-copy engine as soon as it knows the expert,
+// takes every slot routed to the expert as a B column (the slot's token as
+// FP8: the input, or the quantize stage's rows) and runs warp MMAs
+// (moe_warp_mma.cuh), each warp a contiguous K range. The warps' partial
+// sums meet in shared memory and warp 0 computes SiLU(gate) * up: a lane
+// holds a gate value and the up value of the same column and token.
 //
 // The intermediate's scale: per tensor it is static, so warp 0 writes FP8
 // at once. Block-wise, a 1 x 128 group spans 16 CTAs: they store h in fp32
@@ -20,8 +20,8 @@
 // FP8 rows either way.
 //
 // PDL: after a quantize stage the ids are complete before this kernel's
-// wait (the stage two back has finished), so the slot lookup and the first
-// weight loads come before it.
+// wait (the stage two back has finished), so the slot lookup and the weight
+// copies come before it.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -42,18 +42,12 @@ namespace moe {
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up CTA
-// Weight steps a warp has loading at once (1 KB each): four fit the 128
-// registers of two CTAs per SM.
-constexpr int kGateUpStepsInFlight = 4;
-// B columns per pass: two 8-column MMA tiles. A token routes to an expert at
-// most once, so one pass holds every column unless the ids repeat.
-constexpr int kDecodeBatch = 2 * 8;
-static_assert(kDecodeBatch >= kDecodeMaxTokens);
+// B columns per pass: one 8-column MMA tile. A token routes to an expert at
+// most once, so an expert sees up to kDecodeMaxTokens columns; the weights
+// stay in shared memory across passes.
+constexpr int kDecodeBatch = 8;
 constexpr int kMaxDecodeSlots = kDecodeMaxTokens * kMaxTopk;
 static_assert(kMaxDecodeSlots <= kDecodeThreads);
-// Bytes between B columns in shared memory beyond H: H % 128 == 0, so the
-// 64 puts the two columns of a quarter-warp's 16-byte loads on other banks.
-constexpr int kColumnPad = 64;
 
 // The warp's K range in 128-channel groups: [first, end).
 struct GroupRange {
@@ -67,25 +61,19 @@ __device__ __forceinline__ GroupRange warp_groups(int groups, int warp) {
   return {first, min(groups, first + per)};
 }
 
+// Dynamic shared memory of a gate-up CTA: A (gate rows 0-7, up rows 8-15),
+// B (kDecodeBatch token columns), B's scales ([column][group]).
 struct GateUpSmemLayout {
-  int columns;  // B columns per pass
   int hidden;
-  __host__ __device__ int column_stride() const { return hidden + kColumnPad; }
+  __host__ __device__ int stride() const { return fragment_row_stride(hidden); }
+  __host__ __device__ int b_offset() const { return 16 * stride(); }
   __host__ __device__ int scales_offset() const {
-    return columns * column_stride();
+    return b_offset() + kDecodeBatch * stride();
   }
   __host__ __device__ int bytes() const {
-    return scales_offset() + columns * (hidden / kScaleBlock) * 4;
+    return scales_offset() + kDecodeBatch * (hidden / kScaleBlock) * 4;
   }
 };
-
-// Whole 8-column tiles: the MMA reads B columns past the pass's last
-// (their results are dropped).
-__host__ __device__ inline GateUpSmemLayout gate_up_smem_layout(
-    const MoeParams& p) {
-  const int slots = p.num_tokens * p.topk;
-  return {slots <= 8 ? 8 : kDecodeBatch, p.hidden};
-}
 
 // This warp's groups of each B column: the token's FP8 bytes and their
 // scales ([column][group]). Each warp reads only its own groups of B, so a
@@ -162,14 +150,21 @@ __device__ __forceinline__ void finish_group(const MoeParams& p, int expert,
   if (lane == 0) *counter = 0;  // ready for the next call
 }
 
-__global__ void __launch_bounds__(kDecodeThreads, 2)
+__global__ void __launch_bounds__(kDecodeThreads)
     moe_decode_gate_up_kernel(const MoeParams p) {
-  extern __shared__ __align__(16) uint8_t decode_smem[];
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  extern __shared__ __align__(128) uint8_t decode_smem[];
+  __shared__ uint64_t weights_ready;
   __shared__ int slot_expert[kMaxDecodeSlots];
   __shared__ int column_slot[kMaxDecodeSlots];
   __shared__ int num_columns;
-  __shared__ float partial[kDecodeWarps][2][4][32];
+  __shared__ float partial[kDecodeWarps][4][32];
 
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    Barrier::init(&weights_ready, 1);
+    cutlass::arch::fence_barrier_init();
+  }
   // Without a quantize stage this kernel's producer wrote the ids.
   const bool ids_ready = quantize_stage_runs(p);
   if (!ids_ready) {
@@ -177,7 +172,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     pdl_launch_dependents();
   }
 
-  const int tid = threadIdx.x;
   const int lane = tid % 32;
   const int warp = tid / 32;
   const int g = lane / 4;
@@ -198,28 +192,19 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   const int H = p.hidden;
   const int I = p.inter;
   const int n0 = blockIdx.x * kDecodeColumns;
-  const int groups = H / kScaleBlock;
-  const GroupRange range = warp_groups(groups, warp);
-  const int step_first = 2 * range.first;
-  const int step_end = 2 * range.end;
-  // A rows g (gate) and g + 8 (up) of this lane; bytes [16q, 16q + 16) of
-  // each 64-byte step.
-  const uint8_t* gate = p.w13 + (int64_t(expert) * 2 * I + n0 + g) * H + q * 16;
-  const uint8_t* up = gate + int64_t(I) * H;
-  uint4 lo[kGateUpStepsInFlight], hi[kGateUpStepsInFlight];
-  auto load_first_steps = [&]() {
-#pragma unroll
-    for (int i = 0; i < kGateUpStepsInFlight; ++i) {
-      const int step = step_first + i;
-      if (step < step_end) {
-        lo[i] = load_weights16(gate + step * kStepBytes);
-        hi[i] = load_weights16(up + step * kStepBytes);
-      }
-    }
-  };
-  load_first_steps();
-
-  if (warp == 0) {  // the expert's slots, in slot order
+  const GateUpSmemLayout layout{H};
+  const int stride = layout.stride();
+  uint8_t* a = decode_smem;
+  uint8_t* b = decode_smem + layout.b_offset();
+  float* scales =
+      reinterpret_cast<float*>(decode_smem + layout.scales_offset());
+  if (warp == 0) {
+    // Tile row r < 8: gate row n0 + r; r >= 8: up row n0 + r - 8.
+    const uint8_t* rows = p.w13 + (int64_t(expert) * 2 * I + n0) * H;
+    copy_tile_rows(
+        [&](int r) { return rows + (int64_t(r / 8) * I + r % 8) * H; }, H, a,
+        stride, &weights_ready);
+    // The expert's slots, in slot order.
     int count = 0;
     for (int base = 0; base < slots; base += 32) {
       const bool mine =
@@ -238,93 +223,62 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   }
   __syncthreads();
 
-  const GateUpSmemLayout smem = gate_up_smem_layout(p);
-  const int stride = smem.column_stride();
-  uint8_t* b = decode_smem;
-  float* scales = reinterpret_cast<float*>(decode_smem + smem.scales_offset());
+  const int groups = H / kScaleBlock;
+  const GroupRange range = warp_groups(groups, warp);
   const int gate_block = n0 / kScaleBlock;
   const int up_block = (I + n0) / kScaleBlock;
-
   for (int first = 0; first < num_columns; first += kDecodeBatch) {
-    if (first > 0) {
-      __syncthreads();  // the previous pass has read `partial`
-      load_first_steps();
-    }
+    if (first > 0) __syncthreads();  // the previous pass has read `partial`
     const int columns = min(kDecodeBatch, num_columns - first);
-    const int tiles = (columns + 7) / 8;
     stage_columns(p, column_slot + first, columns, range, b, stride, scales);
     __syncwarp();
+    if (first == 0) Barrier::wait(&weights_ready, 0);
 
     // Each 128-channel group (two steps) is summed apart and folded in
     // with its weight and activation scales.
-    float acc[2][4] = {};
-    float part[2][4] = {};
-    for (int base = step_first; base < step_end; base += kGateUpStepsInFlight) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int group = range.first; group < range.end; ++group) {
+      float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < kGateUpStepsInFlight; ++i) {
-        const int step = base + i;
-        if (step >= step_end) break;
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          if (t < tiles) {
-            const uint4 x = *reinterpret_cast<const uint4*>(
-                b + (t * 8 + g) * stride + step * kStepBytes + q * 16);
-            mma_fp8_step(part[t], lo[i], hi[i], x);
-          }
-        }
-        if (step + kGateUpStepsInFlight < step_end) {
-          lo[i] =
-              load_weights16(gate + (step + kGateUpStepsInFlight) * kStepBytes);
-          hi[i] =
-              load_weights16(up + (step + kGateUpStepsInFlight) * kStepBytes);
-        }
-        if (step % 2 == 1) {
-          const int group = step / 2;
-          const float gate_scale = p.w13_scale.at(expert, gate_block, group);
-          const float up_scale = p.w13_scale.at(expert, up_block, group);
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            if (t < tiles) {
-              const float s0 = scales[(t * 8 + 2 * q) * groups + group];
-              const float s1 = scales[(t * 8 + 2 * q + 1) * groups + group];
-              acc[t][0] += part[t][0] * gate_scale * s0;
-              acc[t][1] += part[t][1] * gate_scale * s1;
-              acc[t][2] += part[t][2] * up_scale * s0;
-              acc[t][3] += part[t][3] * up_scale * s1;
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) part[t][j] = 0.f;
-          }
-        }
+      for (int half = 0; half < 2; ++half) {
+        const int k = (2 * group + half) * kStepBytes + q * 16;
+        const uint4 lo = *reinterpret_cast<const uint4*>(a + g * stride + k);
+        const uint4 hi =
+            *reinterpret_cast<const uint4*>(a + (g + 8) * stride + k);
+        const uint4 x = *reinterpret_cast<const uint4*>(b + g * stride + k);
+        mma_fp8_step(part, lo, hi, x);
       }
+      const float gate_scale = p.w13_scale.at(expert, gate_block, group);
+      const float up_scale = p.w13_scale.at(expert, up_block, group);
+      const float s0 = scales[(2 * q) * groups + group];
+      const float s1 = scales[(2 * q + 1) * groups + group];
+      acc[0] += part[0] * gate_scale * s0;
+      acc[1] += part[1] * gate_scale * s1;
+      acc[2] += part[2] * up_scale * s0;
+      acc[3] += part[3] * up_scale * s1;
     }
 
 #pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) partial[warp][t][j][lane] = acc[t][j];
-    }
+    for (int j = 0; j < 4; ++j) partial[warp][j][lane] = acc[j];
     __syncthreads();
     if (warp == 0) {
-      for (int t = 0; t < tiles; ++t) {
-        float v[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int w = 0; w < kDecodeWarps; ++w) {
+      float v[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int w = 0; w < kDecodeWarps; ++w) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) v[j] += partial[w][t][j][lane];
-        }
+        for (int j = 0; j < 4; ++j) v[j] += partial[w][j][lane];
+      }
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int column = t * 8 + 2 * q + j;
-          if (column >= columns) continue;
-          const int64_t at = int64_t(column_slot[first + column]) * I + n0 + g;
-          const float h = silu(v[j]) * v[2 + j];
-          if (p.block_wise) {
-            reinterpret_cast<float*>(p.workspace +
-                                     p.layout.decode_inter())[at] = h;
-          } else {  // divided, as the quantize stage does
-            p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
-                __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
-          }
+      for (int j = 0; j < 2; ++j) {
+        const int column = 2 * q + j;
+        if (column >= columns) continue;
+        const int64_t at = int64_t(column_slot[first + column]) * I + n0 + g;
+        const float h = silu(v[j]) * v[2 + j];
+        if (p.block_wise) {
+          reinterpret_cast<float*>(p.workspace + p.layout.decode_inter())[at] =
+              h;
+        } else {  // divided, as the quantize stage does
+          p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
+              __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
         }
       }
     }

@@ -1,18 +1,23 @@
 // Warp-level FP8 MMA for streaming expert weights against a few tokens
-// (the decode path, moe_decode_*.cuh).
+// (the decode path, moe_decode_*.cuh), and the shared-memory tiles they
+// read: the weights land there whole through the bulk-copy engine, so a CTA
+// has all its bytes in flight at once without holding them in registers.
 //
 // A warp multiplies 16 weight rows (the A side of mma.sync m16n8k32) by 8
 // token columns (the B side), 64 bytes of K per step: two k32 MMAs. Lane
 // (g = lane / 4, q = lane % 4) loads bytes [16q, 16q + 16) of the step from
-// A rows g and g + 8 and from B column g, each straight into registers, and
+// A rows g and g + 8 and from B column g (16-byte shared-memory loads) and
 // hands the same 32-bit words to the A and the B fragment. Both sides so see
-// one permutation of K, which leaves every dot product unchanged; the
-// weights need no shared memory and no reordering.
+// one permutation of K, which leaves every dot product unchanged: the tiles
+// stay in their global row-major layout, with no reordering.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cute/arch/copy_sm90_tma.hpp>
 
 namespace hpc {
 namespace moe {
@@ -45,14 +50,31 @@ __device__ __forceinline__ void mma_fp8_step(float (&d)[4], const uint4& lo,
   mma_fp8_m16n8k32(d, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
 }
 
-// 16 bytes of streamed weights: read once, so kept out of L1. Not volatile:
-// the weights are constant for the call, so the compiler may schedule it.
-__device__ __forceinline__ uint4 load_weights16(const uint8_t* ptr) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(ptr));
-  return v;
+// Bytes between rows of an A or B tile in shared memory, for rows of
+// `bytes`: 64 past a multiple of 128, so that the two rows a quarter-warp's
+// 16-byte fragment loads touch (g and g + 1) fall on different banks.
+__host__ __device__ inline int fragment_row_stride(int bytes) {
+  return (bytes + 127) / 128 * 128 + 64;
+}
+
+// Warp-wide: lanes 0..15 each copy one 16-row tile row of `row_bytes` bytes
+// (lane -> source `rows[lane]`) into shared memory rows `stride` apart with
+// the bulk-copy engine; `bar` (arrival count 1) completes when all have
+// landed. Every lane of the warp must call it.
+template <class RowPtr>
+__device__ __forceinline__ void copy_tile_rows(RowPtr rows, int row_bytes,
+                                               uint8_t* dst, int stride,
+                                               uint64_t* bar) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) Barrier::expect_transaction(bar, 16 * row_bytes);
+  __syncwarp();  // the expected bytes are set before any copy can land
+  if (lane < 16) {
+    cute::SM90_BULK_COPY_G2S::copy(rows(lane), bar, dst + lane * stride,
+                                   row_bytes);
+  }
+  __syncwarp();
+  if (lane == 0) Barrier::arrive(bar);
 }
 
 }  // namespace moe
