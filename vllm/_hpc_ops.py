@@ -1521,7 +1521,9 @@ class MoeTiling:
     gate_up_split: int  # K splits of the gate-up GEMM
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
-    decode: bool  # a few tokens: the two-kernel decode path instead
+    decode: bool  # a few tokens: the decode path instead
+    decode_chunks: int  # decode: 8-column chunks per gate-up CTA
+    decode_stages: int  # decode: weight tiles in flight per gate-up CTA
 
 
 def moe_tiling(
@@ -1561,7 +1563,7 @@ def moe_tiling(
             num_sms,
         )
     )
-    values[-1] = bool(values[-1])
+    values[6] = bool(values[6])
     return MoeTiling(*values)
 
 

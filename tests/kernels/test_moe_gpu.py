@@ -357,6 +357,11 @@ def test_cases_cover_every_tiling() -> None:
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}
     assert {t.decode for t in tilings} == {True, False}
+    # Decode gate-up CTAs of one chunk and of several (two weight tiles).
+    assert {(t.decode_chunks > 1, t.decode_stages) for t in tilings if t.decode} == {
+        (False, 1),
+        (True, 2),
+    }
 
 
 # ---------------------------------------------------------------------------

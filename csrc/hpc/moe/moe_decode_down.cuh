@@ -3,8 +3,8 @@
 // q_j is the slot's FP8 intermediate (moe_decode_gate_up.cuh).
 //
 // CTA (x: a token, y: 16 rows of H). Its items are the token's local slots;
-// an item's A tile is 16 rows of W2[e_j], which warp 0 copies whole into a
-// ring of shared-memory stages with the bulk-copy engine (the first ring's
+// an item's A tile is 16 rows of W2[e_j], contiguous in memory, which one
+// bulk copy moves whole into a ring of shared-memory stages (the first ring's
 // worth before the PDL wait: weights and ids are inputs of the chain). The
 // warps take the stages of a round in contiguous (item, 64-byte step) runs;
 // the B side is q_j in all 8 columns (one token: the columns agree, column
@@ -37,7 +37,10 @@ constexpr int kDownRingBytes = 96 * 1024;
 struct DownSmemLayout {
   int topk;
   int inter;
-  __host__ __device__ int stride() const { return fragment_row_stride(inter); }
+  // The rows stay as they are in W2 (one copy per tile): where I % 128 ==
+  // 0 a fragment load meets 2-way bank conflicts, which cost less than 16
+  // small copies per tile.
+  __host__ __device__ int stride() const { return inter; }
   __host__ __device__ int stage_bytes() const {
     return kDecodeDownRows * stride();
   }
@@ -129,13 +132,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     __syncwarp();
   }
-  const int items = warp == 0 ? num_items : 0;  // warp 0's view, for issue
-  auto issue = [&](int item) {                  // warp 0
+  const int items = tid == 0 ? num_items : 0;  // thread 0 issues the copies
+  auto issue = [&](int item) {
     const int stage = item % stages;
-    const uint8_t* rows =
-        p.w2 + (int64_t(slot_expert[item_slot[item]]) * H + row0) * I;
-    copy_tile_rows([&](int r) { return rows + int64_t(r) * I; }, I,
-                   ring + stage * layout.stage_bytes(), stride, &full[stage]);
+    copy_tile(p.w2 + (int64_t(slot_expert[item_slot[item]]) * H + row0) * I,
+              layout.stage_bytes(), ring + stage * layout.stage_bytes(),
+              &full[stage]);
   };
   for (int item = 0; item < min(stages, items); ++item) issue(item);
 
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       __syncwarp();
       if (lane == 0) Barrier::arrive(&empty[current % stages]);
     }
-    // Warp 0 refills the ring with the next round as its stages free up.
+    // Thread 0 refills the ring with the next round as its stages free up.
     for (int item = first + stages; item < min(items, first + 2 * stages);
          ++item) {
       Barrier::wait(&empty[item % stages], (item / stages - 1) & 1);

@@ -41,11 +41,6 @@ namespace moe {
 
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
-constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up CTA
-// B columns per pass: one 8-column MMA tile. A token routes to an expert at
-// most once, so an expert sees up to kDecodeMaxTokens columns; the weights
-// stay in shared memory across passes.
-constexpr int kDecodeBatch = 8;
 constexpr int kMaxDecodeSlots = kDecodeMaxTokens * kMaxTopk;
 static_assert(kMaxDecodeSlots <= kDecodeThreads);
 
@@ -61,19 +56,12 @@ __device__ __forceinline__ GroupRange warp_groups(int groups, int warp) {
   return {first, min(groups, first + per)};
 }
 
-// Dynamic shared memory of a gate-up CTA: A (gate rows 0-7, up rows 8-15),
-// B (kDecodeBatch token columns), B's scales ([column][group]).
-struct GateUpSmemLayout {
-  int hidden;
-  __host__ __device__ int stride() const { return fragment_row_stride(hidden); }
-  __host__ __device__ int b_offset() const { return 16 * stride(); }
-  __host__ __device__ int scales_offset() const {
-    return b_offset() + kDecodeBatch * stride();
-  }
-  __host__ __device__ int bytes() const {
-    return scales_offset() + kDecodeBatch * (hidden / kScaleBlock) * 4;
-  }
-};
+// The gate-up CTA's shared memory for this call: B holds every column an
+// expert can get (a token routes to it once), unless the ids repeat.
+__host__ __device__ inline GateUpSmemLayout gate_up_smem_layout(
+    const MoeParams& p) {
+  return {p.hidden, p.num_tokens <= 8 ? 8 : 16, p.tiling.decode_stages};
+}
 
 // This warp's groups of each B column: the token's FP8 bytes and their
 // scales ([column][group]). Each warp reads only its own groups of B, so a
@@ -154,15 +142,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
     moe_decode_gate_up_kernel(const MoeParams p) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ __align__(128) uint8_t decode_smem[];
-  __shared__ uint64_t weights_ready;
+  __shared__ uint64_t full[2];
+  __shared__ uint64_t empty[2];
   __shared__ int slot_expert[kMaxDecodeSlots];
   __shared__ int column_slot[kMaxDecodeSlots];
   __shared__ int num_columns;
-  __shared__ float partial[kDecodeWarps][4][32];
+  __shared__ float partial[kDecodeWarps][2][4][32];
 
   const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const int g = lane / 4;
+  const int q = lane % 4;
+  const GateUpSmemLayout layout = gate_up_smem_layout(p);
+  const int stages = layout.stages;
   if (tid == 0) {
-    Barrier::init(&weights_ready, 1);
+    for (int s = 0; s < stages; ++s) {
+      Barrier::init(&full[s], 1);
+      Barrier::init(&empty[s], kDecodeWarps);
+    }
     cutlass::arch::fence_barrier_init();
   }
   // Without a quantize stage this kernel's producer wrote the ids.
@@ -172,10 +170,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
     pdl_launch_dependents();
   }
 
-  const int lane = tid % 32;
-  const int warp = tid / 32;
-  const int g = lane / 4;
-  const int q = lane % 4;
   const int slots = p.num_tokens * p.topk;
   const int slot = blockIdx.y;
   if (tid < slots) slot_expert[tid] = local_expert(p, tid);
@@ -191,19 +185,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   const int H = p.hidden;
   const int I = p.inter;
-  const int n0 = blockIdx.x * kDecodeColumns;
-  const GateUpSmemLayout layout{H};
+  const int all_chunks = I / kDecodeColumns;  // I % 64 == 0
+  const int chunk0 = blockIdx.x * p.tiling.decode_chunks;
+  const int chunks = min(p.tiling.decode_chunks, all_chunks - chunk0);
   const int stride = layout.stride();
-  uint8_t* a = decode_smem;
   uint8_t* b = decode_smem + layout.b_offset();
   float* scales =
       reinterpret_cast<float*>(decode_smem + layout.scales_offset());
-  if (warp == 0) {
-    // Tile row r < 8: gate row n0 + r; r >= 8: up row n0 + r - 8.
-    const uint8_t* rows = p.w13 + (int64_t(expert) * 2 * I + n0) * H;
+  // Warp 0: chunk c's 16 rows into stage c % stages, whole. Tile row r < 8
+  // is gate row n0 + r, r >= 8 up row n0 + r - 8.
+  auto issue = [&](int c) {
+    const uint8_t* rows =
+        p.w13 + (int64_t(expert) * 2 * I + (chunk0 + c) * kDecodeColumns) * H;
     copy_tile_rows(
-        [&](int r) { return rows + (int64_t(r / 8) * I + r % 8) * H; }, H, a,
-        stride, &weights_ready);
+        [&](int r) { return rows + (int64_t(r / 8) * I + r % 8) * H; }, H,
+        decode_smem + (c % stages) * layout.stage_bytes(), stride,
+        &full[c % stages]);
+  };
+  if (warp == 0) {
+    for (int c = 0; c < min(stages, chunks); ++c) issue(c);
     // The expert's slots, in slot order.
     int count = 0;
     for (int base = 0; base < slots; base += 32) {
@@ -225,66 +225,96 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   const int groups = H / kScaleBlock;
   const GroupRange range = warp_groups(groups, warp);
-  const int gate_block = n0 / kScaleBlock;
-  const int up_block = (I + n0) / kScaleBlock;
-  for (int first = 0; first < num_columns; first += kDecodeBatch) {
-    if (first > 0) __syncthreads();  // the previous pass has read `partial`
-    const int columns = min(kDecodeBatch, num_columns - first);
-    stage_columns(p, column_slot + first, columns, range, b, stride, scales);
-    __syncwarp();
-    if (first == 0) Barrier::wait(&weights_ready, 0);
-
-    // Each 128-channel group (two steps) is summed apart and folded in
-    // with its weight and activation scales.
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int group = range.first; group < range.end; ++group) {
-      float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int k = (2 * group + half) * kStepBytes + q * 16;
-        const uint4 lo = *reinterpret_cast<const uint4*>(a + g * stride + k);
-        const uint4 hi =
-            *reinterpret_cast<const uint4*>(a + (g + 8) * stride + k);
-        const uint4 x = *reinterpret_cast<const uint4*>(b + g * stride + k);
-        mma_fp8_step(part, lo, hi, x);
+  // B stays staged across chunks when one pass holds every column.
+  const bool one_pass = num_columns <= layout.b_rows;
+  for (int c = 0; c < chunks; ++c) {
+    const int stage = c % stages;
+    const uint8_t* a = decode_smem + stage * layout.stage_bytes();
+    const int n0 = (chunk0 + c) * kDecodeColumns;
+    const int gate_block = n0 / kScaleBlock;
+    const int up_block = (I + n0) / kScaleBlock;
+    Barrier::wait(&full[stage], (c / stages) & 1);
+    for (int first = 0; first < num_columns; first += layout.b_rows) {
+      const int columns = min(layout.b_rows, num_columns - first);
+      const int tiles = (columns + 7) / 8;
+      if (c == 0 || !one_pass) {
+        stage_columns(p, column_slot + first, columns, range, b, stride,
+                      scales);
+        __syncwarp();
       }
-      const float gate_scale = p.w13_scale.at(expert, gate_block, group);
-      const float up_scale = p.w13_scale.at(expert, up_block, group);
-      const float s0 = scales[(2 * q) * groups + group];
-      const float s1 = scales[(2 * q + 1) * groups + group];
-      acc[0] += part[0] * gate_scale * s0;
-      acc[1] += part[1] * gate_scale * s1;
-      acc[2] += part[2] * up_scale * s0;
-      acc[3] += part[3] * up_scale * s1;
-    }
-
+      // Each 128-channel group (two steps) is summed apart and folded in
+      // with its weight and activation scales.
+      float acc[2][4] = {};
+      for (int group = range.first; group < range.end; ++group) {
+        const float gate_scale = p.w13_scale.at(expert, gate_block, group);
+        const float up_scale = p.w13_scale.at(expert, up_block, group);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) partial[warp][j][lane] = acc[j];
-    __syncthreads();
-    if (warp == 0) {
-      float v[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int w = 0; w < kDecodeWarps; ++w) {
+        for (int t = 0; t < 2; ++t) {
+          if (t >= tiles) break;
+          float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) v[j] += partial[w][j][lane];
-      }
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int column = 2 * q + j;
-        if (column >= columns) continue;
-        const int64_t at = int64_t(column_slot[first + column]) * I + n0 + g;
-        const float h = silu(v[j]) * v[2 + j];
-        if (p.block_wise) {
-          reinterpret_cast<float*>(p.workspace + p.layout.decode_inter())[at] =
-              h;
-        } else {  // divided, as the quantize stage does
-          p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
-              __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
+          for (int half = 0; half < 2; ++half) {
+            const int k = (2 * group + half) * kStepBytes + q * 16;
+            const uint4 lo =
+                *reinterpret_cast<const uint4*>(a + g * stride + k);
+            const uint4 hi =
+                *reinterpret_cast<const uint4*>(a + (g + 8) * stride + k);
+            const uint4 x =
+                *reinterpret_cast<const uint4*>(b + (t * 8 + g) * stride + k);
+            mma_fp8_step(part, lo, hi, x);
+          }
+          const float s0 = scales[(t * 8 + 2 * q) * groups + group];
+          const float s1 = scales[(t * 8 + 2 * q + 1) * groups + group];
+          acc[t][0] += part[0] * gate_scale * s0;
+          acc[t][1] += part[1] * gate_scale * s1;
+          acc[t][2] += part[2] * up_scale * s0;
+          acc[t][3] += part[3] * up_scale * s1;
         }
       }
+      if (first + layout.b_rows >= num_columns) {
+        // The stage is read: warp 0 refills it with chunk c + stages.
+        __syncwarp();
+        if (lane == 0) Barrier::arrive(&empty[stage]);
+        if (warp == 0 && c + stages < chunks) {
+          Barrier::wait(&empty[stage], (c / stages) & 1);
+          issue(c + stages);
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) partial[warp][t][j][lane] = acc[t][j];
+      }
+      __syncthreads();
+      if (warp == 0) {
+        for (int t = 0; t < tiles; ++t) {
+          float v[4] = {0.f, 0.f, 0.f, 0.f};
+          for (int w = 0; w < kDecodeWarps; ++w) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] += partial[w][t][j][lane];
+          }
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            const int column = t * 8 + 2 * q + j;
+            if (column >= columns) continue;
+            const int64_t at =
+                int64_t(column_slot[first + column]) * I + n0 + g;
+            const float h = silu(v[j]) * v[2 + j];
+            if (p.block_wise) {
+              reinterpret_cast<float*>(p.workspace +
+                                       p.layout.decode_inter())[at] = h;
+            } else {  // divided, as the quantize stage does
+              p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
+                  __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
+            }
+          }
+        }
+        if (p.block_wise && first + layout.b_rows >= num_columns) {
+          finish_group(p, expert, n0, column_slot, num_columns);
+        }
+      }
+      __syncthreads();  // warp 0 has read `partial`
     }
-  }
-  if (p.block_wise && warp == 0) {
-    finish_group(p, expert, n0, column_slot, num_columns);
   }
 }
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #ifdef __CUDACC__
@@ -55,6 +56,35 @@ constexpr int gemm_ctas_per_sm(int token_tile) {
 // sum done by the down CTAs. An expert then sees at most this many tokens
 // (two 8-column MMA tiles).
 constexpr int kDecodeMaxTokens = 16;
+constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up chunk
+// Shared memory a decode gate-up CTA may take (the rest of the SM's 227 KB
+// holds its static arrays).
+constexpr int kDecodeSmemLimit = 200 * 1024;
+
+// Bytes between rows of a decode-path MMA tile in shared memory: 64 past a
+// multiple of 128, so the two rows of a quarter-warp's 16-byte fragment
+// loads (g and g + 1) fall on different banks.
+HPC_MOE_HD int fragment_row_stride(int bytes) {
+  return (bytes + 127) / 128 * 128 + 64;
+}
+
+// Dynamic shared memory of a decode gate-up CTA: `stages` A tiles (gate
+// rows 0-7, up rows 8-15 of a chunk), B (`b_rows` token columns) and B's
+// scales ([column][group]).
+struct GateUpSmemLayout {
+  int hidden;
+  int b_rows;  // 8 or 16
+  int stages;  // 1 or 2
+  HPC_MOE_HD int stride() const { return fragment_row_stride(hidden); }
+  HPC_MOE_HD int stage_bytes() const { return 16 * stride(); }
+  HPC_MOE_HD int b_offset() const { return stages * stage_bytes(); }
+  HPC_MOE_HD int scales_offset() const {
+    return b_offset() + b_rows * stride();
+  }
+  HPC_MOE_HD int bytes() const {
+    return scales_offset() + b_rows * (hidden / kScaleBlock) * 4;
+  }
+};
 
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
@@ -67,6 +97,8 @@ struct MoeTiling {
   int down_blocks;     // 256-row blocks of the hidden dimension
   int down_group;      // row blocks per down-GEMM CTA
   bool decode;         // the decode path instead of route + grouped GEMMs
+  int decode_chunks;   // decode: column chunks per gate-up CTA
+  int decode_stages;   // decode: A tiles in flight per gate-up CTA (1 or 2)
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -126,7 +158,30 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     t.down_group *= 2;
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
-  t.decode = num_tokens <= kDecodeMaxTokens;
+  // Decode path: a gate-up CTA streams `decode_chunks` column chunks of one
+  // expert. One chunk each while the chunks of the expected experts fill
+  // two CTAs per SM; else one CTA per SM with two A tiles in flight, the
+  // chunks of an expert spread over SMs / experts CTAs (one wave).
+  const int b_rows = num_tokens <= 8 ? 8 : 16;
+  t.decode = num_tokens <= kDecodeMaxTokens &&
+             GateUpSmemLayout{hidden, b_rows, 1}.bytes() <= kDecodeSmemLimit;
+  t.decode_chunks = 1;
+  t.decode_stages = 1;
+  if (t.decode) {
+    const int64_t chunks = ceil_div(inter, kDecodeColumns);
+    // Distinct local experts a uniform router is expected to hit.
+    const double miss = std::pow(1.0 - 1.0 / all_experts, double(rows));
+    const int64_t experts = std::max<int64_t>(
+        1, static_cast<int64_t>(std::ceil(num_local_experts * (1.0 - miss))));
+    if (experts * chunks > int64_t(kNarrowTileCtasPerSm) * num_sms) {
+      const int64_t per_expert = std::max<int64_t>(1, num_sms / experts);
+      t.decode_chunks = static_cast<int>(ceil_div(chunks, per_expert));
+      if (t.decode_chunks > 1 &&
+          GateUpSmemLayout{hidden, b_rows, 2}.bytes() <= kDecodeSmemLimit) {
+        t.decode_stages = 2;
+      }
+    }
+  }
   return t;
 }
 

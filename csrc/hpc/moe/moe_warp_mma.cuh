@@ -50,13 +50,6 @@ __device__ __forceinline__ void mma_fp8_step(float (&d)[4], const uint4& lo,
   mma_fp8_m16n8k32(d, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
 }
 
-// Bytes between rows of an A or B tile in shared memory, for rows of
-// `bytes`: 64 past a multiple of 128, so that the two rows a quarter-warp's
-// 16-byte fragment loads touch (g and g + 1) fall on different banks.
-__host__ __device__ inline int fragment_row_stride(int bytes) {
-  return (bytes + 127) / 128 * 128 + 64;
-}
-
 // Warp-wide: lanes 0..15 each copy one 16-row tile row of `row_bytes` bytes
 // (lane -> source `rows[lane]`) into shared memory rows `stride` apart with
 // the bulk-copy engine; `bar` (arrival count 1) completes when all have
@@ -75,6 +68,16 @@ __device__ __forceinline__ void copy_tile_rows(RowPtr rows, int row_bytes,
   }
   __syncwarp();
   if (lane == 0) Barrier::arrive(bar);
+}
+
+// One thread: `bytes` contiguous bytes (a whole tile whose rows are
+// contiguous in global memory) into shared memory with the bulk-copy
+// engine; `bar` (arrival count 1) completes when they have landed.
+__device__ __forceinline__ void copy_tile(const uint8_t* src, int bytes,
+                                          uint8_t* dst, uint64_t* bar) {
+  using Barrier = cutlass::arch::ClusterTransactionBarrier;
+  Barrier::arrive_and_expect_tx(bar, bytes);
+  cute::SM90_BULK_COPY_G2S::copy(src, bar, dst, bytes);
 }
 
 }  // namespace moe
