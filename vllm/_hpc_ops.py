@@ -1522,8 +1522,6 @@ class MoeTiling:
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
     decode: bool  # a few tokens: the decode path instead
-    decode_chunks: int  # decode: 8-column chunks per gate-up CTA
-    decode_stages: int  # decode: weight tiles in flight per gate-up CTA
 
 
 def moe_tiling(
@@ -1563,7 +1561,7 @@ def moe_tiling(
             num_sms,
         )
     )
-    values[6] = bool(values[6])
+    values[-1] = bool(values[-1])
     return MoeTiling(*values)
 
 

@@ -255,6 +255,7 @@ def _ep_cases() -> list[Case]:
 def _feature_cases() -> list[Case]:
     k1 = Shape(8, 1, 2048, 768)
     wide = Shape(192, 8, 2048, 768)
+    decode = Shape(8, 2, 2048, 256)
     return [
         # The router weight was applied to the input: the kernel uses 1.
         Case(tokens=64, shape=k1, quant="tensor-static", weight_on_input=True),
@@ -274,10 +275,16 @@ def _feature_cases() -> list[Case]:
             weight_on_input=True,
             ids_dtype=torch.int64,
         ),
-        # Every token on the same experts: one expert holds all rows (on the
-        # decode path: 16 columns, two MMA tiles; 17 tokens: grouped path).
-        Case(tokens=16, shape=wide, quant="tensor-dynamic", routing="single"),
-        Case(tokens=16, shape=EP_SHAPE, quant="block-fp8", routing="single"),
+        # The decode path (few experts x few 8-column chunks): every token on
+        # the same experts, so an expert has 16 columns (two MMA tiles);
+        # block-wise (a 1x128 group quantized by the last of its 16 CTAs)
+        # with 16-bit and FP8 input; fp16 with a map and a shared output.
+        Case(tokens=16, shape=decode, quant="tensor-dynamic", routing="single"),
+        Case(tokens=16, shape=decode, quant="block-fp8", routing="single"),
+        Case(tokens=5, shape=decode, quant="block", ep="map", shared=True),
+        Case(tokens=1, shape=decode, quant="block", dtype=FP16),
+        Case(tokens=2, shape=decode, quant="tensor-static", ep="range"),
+        # 17 tokens, all on the same experts: the grouped path.
         Case(tokens=17, shape=EP_SHAPE, quant="block", routing="single"),
         Case(tokens=4096, shape=wide, quant="block", routing="single"),
         Case(tokens=4096, shape=wide, quant="tensor-fp8", routing="single"),
@@ -357,11 +364,6 @@ def test_cases_cover_every_tiling() -> None:
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}
     assert {t.decode for t in tilings} == {True, False}
-    # Decode gate-up CTAs of one chunk and of several (two weight tiles).
-    assert {(t.decode_chunks > 1, t.decode_stages) for t in tilings if t.decode} == {
-        (False, 1),
-        (True, 2),
-    }
 
 
 # ---------------------------------------------------------------------------

@@ -33,11 +33,9 @@ void launch_decode(const MoeParams& p, cudaStream_t stream) {
   const int down_smem = DownSmemLayout{p.topk, p.inter}.bytes();
   configure_smem(moe_decode_gate_up_kernel, gate_up_smem, "fused_moe_fp8");
   configure_smem(moe_decode_down_kernel, down_smem, "fused_moe_fp8");
-  launch_with_pdl(
-      moe_decode_gate_up_kernel,
-      dim3(ceil_div(p.inter / kDecodeColumns, p.tiling.decode_chunks),
-           p.num_tokens * p.topk),
-      dim3(kDecodeThreads), gate_up_smem, stream, p);
+  launch_with_pdl(moe_decode_gate_up_kernel,
+                  dim3(p.inter / kDecodeColumns, p.num_tokens * p.topk),
+                  dim3(kDecodeThreads), gate_up_smem, stream, p);
   launch_with_pdl(moe_decode_down_kernel,
                   dim3(p.num_tokens, p.hidden / kDecodeDownRows),
                   dim3(kDecodeThreads), down_smem, stream, p);

@@ -1,5 +1,5 @@
-// Decode path of the fused FP8 MoE, gate-up stage: for a few tokens
-// (moe_tiling.h: kDecodeMaxTokens), h = SiLU(x W_gate^T) * (x W_up^T) for
+// Decode path of the fused FP8 MoE, gate-up stage: for a few tokens on a
+// few experts (moe_tiling.h), h = SiLU(x W_gate^T) * (x W_up^T) for
 // every routed (token, expert) slot, quantized to FP8, without routing
 // tables.
 //
@@ -60,7 +60,7 @@ __device__ __forceinline__ GroupRange warp_groups(int groups, int warp) {
 // expert can get (a token routes to it once), unless the ids repeat.
 __host__ __device__ inline GateUpSmemLayout gate_up_smem_layout(
     const MoeParams& p) {
-  return {p.hidden, p.num_tokens <= 8 ? 8 : 16, p.tiling.decode_stages};
+  return {p.hidden, p.num_tokens <= 8 ? 8 : 16};
 }
 
 // This warp's groups of each B column: the token's FP8 bytes and their
@@ -142,8 +142,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     moe_decode_gate_up_kernel(const MoeParams p) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ __align__(128) uint8_t decode_smem[];
-  __shared__ uint64_t full[2];
-  __shared__ uint64_t empty[2];
+  __shared__ uint64_t weights_ready;
   __shared__ int slot_expert[kMaxDecodeSlots];
   __shared__ int column_slot[kMaxDecodeSlots];
   __shared__ int num_columns;
@@ -154,13 +153,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int warp = tid / 32;
   const int g = lane / 4;
   const int q = lane % 4;
-  const GateUpSmemLayout layout = gate_up_smem_layout(p);
-  const int stages = layout.stages;
   if (tid == 0) {
-    for (int s = 0; s < stages; ++s) {
-      Barrier::init(&full[s], 1);
-      Barrier::init(&empty[s], kDecodeWarps);
-    }
+    Barrier::init(&weights_ready, 1);
     cutlass::arch::fence_barrier_init();
   }
   // Without a quantize stage this kernel's producer wrote the ids.
@@ -185,25 +179,19 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   const int H = p.hidden;
   const int I = p.inter;
-  const int all_chunks = I / kDecodeColumns;  // I % 64 == 0
-  const int chunk0 = blockIdx.x * p.tiling.decode_chunks;
-  const int chunks = min(p.tiling.decode_chunks, all_chunks - chunk0);
+  const int n0 = blockIdx.x * kDecodeColumns;
+  const GateUpSmemLayout layout = gate_up_smem_layout(p);
   const int stride = layout.stride();
+  const uint8_t* a = decode_smem;
   uint8_t* b = decode_smem + layout.b_offset();
   float* scales =
       reinterpret_cast<float*>(decode_smem + layout.scales_offset());
-  // Warp 0: chunk c's 16 rows into stage c % stages, whole. Tile row r < 8
-  // is gate row n0 + r, r >= 8 up row n0 + r - 8.
-  auto issue = [&](int c) {
-    const uint8_t* rows =
-        p.w13 + (int64_t(expert) * 2 * I + (chunk0 + c) * kDecodeColumns) * H;
+  if (warp == 0) {
+    // Tile row r < 8: gate row n0 + r; r >= 8: up row n0 + r - 8.
+    const uint8_t* rows = p.w13 + (int64_t(expert) * 2 * I + n0) * H;
     copy_tile_rows(
         [&](int r) { return rows + (int64_t(r / 8) * I + r % 8) * H; }, H,
-        decode_smem + (c % stages) * layout.stage_bytes(), stride,
-        &full[c % stages]);
-  };
-  if (warp == 0) {
-    for (int c = 0; c < min(stages, chunks); ++c) issue(c);
+        decode_smem, stride, &weights_ready);
     // The expert's slots, in slot order.
     int count = 0;
     for (int base = 0; base < slots; base += 32) {
@@ -225,96 +213,77 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
   const int groups = H / kScaleBlock;
   const GroupRange range = warp_groups(groups, warp);
-  // B stays staged across chunks when one pass holds every column.
-  const bool one_pass = num_columns <= layout.b_rows;
-  for (int c = 0; c < chunks; ++c) {
-    const int stage = c % stages;
-    const uint8_t* a = decode_smem + stage * layout.stage_bytes();
-    const int n0 = (chunk0 + c) * kDecodeColumns;
-    const int gate_block = n0 / kScaleBlock;
-    const int up_block = (I + n0) / kScaleBlock;
-    Barrier::wait(&full[stage], (c / stages) & 1);
-    for (int first = 0; first < num_columns; first += layout.b_rows) {
-      const int columns = min(layout.b_rows, num_columns - first);
-      const int tiles = (columns + 7) / 8;
-      if (c == 0 || !one_pass) {
-        stage_columns(p, column_slot + first, columns, range, b, stride,
-                      scales);
-        __syncwarp();
-      }
-      // Each 128-channel group (two steps) is summed apart and folded in
-      // with its weight and activation scales.
-      float acc[2][4] = {};
-      for (int group = range.first; group < range.end; ++group) {
-        const float gate_scale = p.w13_scale.at(expert, gate_block, group);
-        const float up_scale = p.w13_scale.at(expert, up_block, group);
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          if (t >= tiles) break;
-          float part[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int k = (2 * group + half) * kStepBytes + q * 16;
-            const uint4 lo =
-                *reinterpret_cast<const uint4*>(a + g * stride + k);
-            const uint4 hi =
-                *reinterpret_cast<const uint4*>(a + (g + 8) * stride + k);
-            const uint4 x =
-                *reinterpret_cast<const uint4*>(b + (t * 8 + g) * stride + k);
-            mma_fp8_step(part, lo, hi, x);
-          }
-          const float s0 = scales[(t * 8 + 2 * q) * groups + group];
-          const float s1 = scales[(t * 8 + 2 * q + 1) * groups + group];
-          acc[t][0] += part[0] * gate_scale * s0;
-          acc[t][1] += part[1] * gate_scale * s1;
-          acc[t][2] += part[2] * up_scale * s0;
-          acc[t][3] += part[3] * up_scale * s1;
-        }
-      }
-      if (first + layout.b_rows >= num_columns) {
-        // The stage is read: warp 0 refills it with chunk c + stages.
-        __syncwarp();
-        if (lane == 0) Barrier::arrive(&empty[stage]);
-        if (warp == 0 && c + stages < chunks) {
-          Barrier::wait(&empty[stage], (c / stages) & 1);
-          issue(c + stages);
-        }
-      }
+  const int gate_block = n0 / kScaleBlock;
+  const int up_block = (I + n0) / kScaleBlock;
+  for (int first = 0; first < num_columns; first += layout.b_rows) {
+    const int columns = min(layout.b_rows, num_columns - first);
+    const int tiles = (columns + 7) / 8;
+    stage_columns(p, column_slot + first, columns, range, b, stride, scales);
+    __syncwarp();
+    if (first == 0) Barrier::wait(&weights_ready, 0);
+
+    // Each 128-channel group (two steps) is summed apart and folded in
+    // with its weight and activation scales.
+    float acc[2][4] = {};
+    for (int group = range.first; group < range.end; ++group) {
+      const float gate_scale = p.w13_scale.at(expert, gate_block, group);
+      const float up_scale = p.w13_scale.at(expert, up_block, group);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
+        if (t >= tiles) break;
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int j = 0; j < 4; ++j) partial[warp][t][j][lane] = acc[t][j];
-      }
-      __syncthreads();
-      if (warp == 0) {
-        for (int t = 0; t < tiles; ++t) {
-          float v[4] = {0.f, 0.f, 0.f, 0.f};
-          for (int w = 0; w < kDecodeWarps; ++w) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) v[j] += partial[w][t][j][lane];
-          }
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            const int column = t * 8 + 2 * q + j;
-            if (column >= columns) continue;
-            const int64_t at =
-                int64_t(column_slot[first + column]) * I + n0 + g;
-            const float h = silu(v[j]) * v[2 + j];
-            if (p.block_wise) {
-              reinterpret_cast<float*>(p.workspace +
-                                       p.layout.decode_inter())[at] = h;
-            } else {  // divided, as the quantize stage does
-              p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
-                  __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
-            }
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int k = (2 * group + half) * kStepBytes + q * 16;
+          const uint4 lo = *reinterpret_cast<const uint4*>(a + g * stride + k);
+          const uint4 hi =
+              *reinterpret_cast<const uint4*>(a + (g + 8) * stride + k);
+          const uint4 x =
+              *reinterpret_cast<const uint4*>(b + (t * 8 + g) * stride + k);
+          mma_fp8_step(part, lo, hi, x);
         }
-        if (p.block_wise && first + layout.b_rows >= num_columns) {
-          finish_group(p, expert, n0, column_slot, num_columns);
-        }
+        const float s0 = scales[(t * 8 + 2 * q) * groups + group];
+        const float s1 = scales[(t * 8 + 2 * q + 1) * groups + group];
+        acc[t][0] += part[0] * gate_scale * s0;
+        acc[t][1] += part[1] * gate_scale * s1;
+        acc[t][2] += part[2] * up_scale * s0;
+        acc[t][3] += part[3] * up_scale * s1;
       }
-      __syncthreads();  // warp 0 has read `partial`
     }
+
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) partial[warp][t][j][lane] = acc[t][j];
+    }
+    __syncthreads();
+    if (warp == 0) {
+      for (int t = 0; t < tiles; ++t) {
+        float v[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int w = 0; w < kDecodeWarps; ++w) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) v[j] += partial[w][t][j][lane];
+        }
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int column = t * 8 + 2 * q + j;
+          if (column >= columns) continue;
+          const int64_t at = int64_t(column_slot[first + column]) * I + n0 + g;
+          const float h = silu(v[j]) * v[2 + j];
+          if (p.block_wise) {
+            reinterpret_cast<float*>(p.workspace +
+                                     p.layout.decode_inter())[at] = h;
+          } else {  // divided, as the quantize stage does
+            p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
+                __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
+          }
+        }
+      }
+    }
+    __syncthreads();  // warp 0 has read `partial`
+  }
+  if (p.block_wise && warp == 0) {
+    finish_group(p, expert, n0, column_slot, num_columns);
   }
 }
 

@@ -50,16 +50,20 @@ constexpr int gemm_ctas_per_sm(int token_tile) {
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
 
-// Up to this many tokens take the decode path (moe_decode_gate_up.cuh,
-// moe_decode_down.cuh): two kernels that stream the weights through
-// warp-level MMAs, with no routing tables, no split-K merge and the top-k
-// sum done by the down CTAs. An expert then sees at most this many tokens
-// (two 8-column MMA tiles).
+// The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): after the
+// quantize stage, two kernels that copy each CTA's weights whole into
+// shared memory and run warp-level MMAs, with no routing tables, no split-K
+// merge, and the top-k sum done by the down CTAs. It takes up to this many
+// tokens (an expert then sees at most two 8-column MMA tiles), and only
+// while its gate-up CTAs fit in one wave (moe_tiling()).
 constexpr int kDecodeMaxTokens = 16;
-constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up chunk
-// Shared memory a decode gate-up CTA may take (the rest of the SM's 227 KB
-// holds its static arrays).
-constexpr int kDecodeSmemLimit = 200 * 1024;
+constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up CTA
+// Shared memory per SM (227 KB) and what a decode gate-up CTA takes beyond
+// its dynamic part (static arrays, the runtime's reserve), at most.
+constexpr int kSmemPerSm = 227 * 1024;
+constexpr int kDecodeStaticSmem = 12 * 1024;
+// Decode gate-up CTAs per SM at most: their registers (128 x 256 threads).
+constexpr int kDecodeMaxCtasPerSm = 2;
 
 // Bytes between rows of a decode-path MMA tile in shared memory: 64 past a
 // multiple of 128, so the two rows of a quarter-warp's 16-byte fragment
@@ -68,16 +72,14 @@ HPC_MOE_HD int fragment_row_stride(int bytes) {
   return (bytes + 127) / 128 * 128 + 64;
 }
 
-// Dynamic shared memory of a decode gate-up CTA: `stages` A tiles (gate
-// rows 0-7, up rows 8-15 of a chunk), B (`b_rows` token columns) and B's
-// scales ([column][group]).
+// Dynamic shared memory of a decode gate-up CTA: A (gate rows 0-7, up rows
+// 8-15 of its columns), B (`b_rows` token columns) and B's scales
+// ([column][group]).
 struct GateUpSmemLayout {
   int hidden;
   int b_rows;  // 8 or 16
-  int stages;  // 1 or 2
   HPC_MOE_HD int stride() const { return fragment_row_stride(hidden); }
-  HPC_MOE_HD int stage_bytes() const { return 16 * stride(); }
-  HPC_MOE_HD int b_offset() const { return stages * stage_bytes(); }
+  HPC_MOE_HD int b_offset() const { return 16 * stride(); }
   HPC_MOE_HD int scales_offset() const {
     return b_offset() + b_rows * stride();
   }
@@ -97,8 +99,6 @@ struct MoeTiling {
   int down_blocks;     // 256-row blocks of the hidden dimension
   int down_group;      // row blocks per down-GEMM CTA
   bool decode;         // the decode path instead of route + grouped GEMMs
-  int decode_chunks;   // decode: column chunks per gate-up CTA
-  int decode_stages;   // decode: A tiles in flight per gate-up CTA (1 or 2)
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -158,29 +158,20 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     t.down_group *= 2;
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
-  // Decode path: a gate-up CTA streams `decode_chunks` column chunks of one
-  // expert. One chunk each while the chunks of the expected experts fill
-  // two CTAs per SM; else one CTA per SM with two A tiles in flight, the
-  // chunks of an expert spread over SMs / experts CTAs (one wave).
+  // Decode path: while the gate-up CTAs of the experts a uniform router is
+  // expected to hit (one per 8-column chunk) run in one wave. Each has its
+  // whole weight slice in flight at once; more chunks than CTA slots stream
+  // better through the grouped GEMMs' pipelines.
   const int b_rows = num_tokens <= 8 ? 8 : 16;
-  t.decode = num_tokens <= kDecodeMaxTokens &&
-             GateUpSmemLayout{hidden, b_rows, 1}.bytes() <= kDecodeSmemLimit;
-  t.decode_chunks = 1;
-  t.decode_stages = 1;
-  if (t.decode) {
-    const int64_t chunks = ceil_div(inter, kDecodeColumns);
-    // Distinct local experts a uniform router is expected to hit.
+  const int smem = GateUpSmemLayout{hidden, b_rows}.bytes() + kDecodeStaticSmem;
+  const int decode_ctas_per_sm =
+      std::min(kDecodeMaxCtasPerSm, kSmemPerSm / smem);
+  if (num_tokens <= kDecodeMaxTokens && decode_ctas_per_sm >= 1) {
     const double miss = std::pow(1.0 - 1.0 / all_experts, double(rows));
     const int64_t experts = std::max<int64_t>(
         1, static_cast<int64_t>(std::ceil(num_local_experts * (1.0 - miss))));
-    if (experts * chunks > int64_t(kNarrowTileCtasPerSm) * num_sms) {
-      const int64_t per_expert = std::max<int64_t>(1, num_sms / experts);
-      t.decode_chunks = static_cast<int>(ceil_div(chunks, per_expert));
-      if (t.decode_chunks > 1 &&
-          GateUpSmemLayout{hidden, b_rows, 2}.bytes() <= kDecodeSmemLimit) {
-        t.decode_stages = 2;
-      }
-    }
+    t.decode = experts * ceil_div(inter, kDecodeColumns) <=
+               int64_t(decode_ctas_per_sm) * num_sms;
   }
   return t;
 }
