@@ -29,7 +29,7 @@ void launch_quantize(const MoeParams& p, cudaStream_t stream) {
 // quantize (16-bit inputs) -> gate-up -> down.
 void launch_decode(const MoeParams& p, cudaStream_t stream) {
   launch_quantize(p, stream);
-  const int gate_up_smem = gate_up_smem_layout(p).bytes();
+  const int gate_up_smem = gate_up_smem_layout(p.num_tokens, p.hidden).bytes();
   const int down_smem = DownSmemLayout{p.topk, p.inter}.bytes();
   configure_smem(moe_decode_gate_up_kernel, gate_up_smem, "fused_moe_fp8");
   configure_smem(moe_decode_down_kernel, down_smem, "fused_moe_fp8");

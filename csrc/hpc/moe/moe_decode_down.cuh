@@ -93,8 +93,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   extern __shared__ __align__(128) uint8_t decode_smem[];
   __shared__ uint64_t full[kMaxTopk];
   __shared__ uint64_t empty[kMaxTopk];
-  __shared__ int slot_expert[kMaxTopk];  // by slot j; -1: not local
-  __shared__ int item_slot[kMaxTopk];    // the local slots, in slot order
+  __shared__ int slot_expert[kMaxTopk];    // by slot j; -1: not local
+  __shared__ float slot_weight[kMaxTopk];  // router weight of slot j
+  __shared__ int item_slot[kMaxTopk];      // the local slots, in slot order
   __shared__ int num_items;
   __shared__ float partial[kDecodeWarps][2][32];
 
@@ -119,7 +120,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // gate-up stage waited for their producer before this grid could launch.
   if (warp == 0) {
     const int e = lane < p.topk ? local_expert(p, token * p.topk + lane) : -1;
-    if (lane < p.topk) slot_expert[lane] = e;
+    if (lane < p.topk) {
+      slot_expert[lane] = e;
+      slot_weight[lane] = p.router_weight_on_input
+                              ? 1.f
+                              : p.topk_weights[token * p.topk + lane];
+    }
     const unsigned local = __ballot_sync(0xffffffffu, e >= 0);
     if (e >= 0) item_slot[__popc(local & ((1u << lane) - 1))] = lane;
     if (lane == 0) {
@@ -193,10 +199,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float d[4] = {0.f, 0.f, 0.f, 0.f};
       mma_fp8_step(d, lo, hi, x);
       const int group = step * kStepBytes / kScaleBlock;
-      const float weight =
-          p.router_weight_on_input ? 1.f : p.topk_weights[token * p.topk + j];
-      const float s =
-          weight * scales[j * groups + group] * p.w2_scale.at(e, block, group);
+      const float s = slot_weight[j] * scales[j * groups + group] *
+                      p.w2_scale.at(e, block, group);
       acc[0] += d[0] * s;
       acc[1] += d[2] * s;
     }

@@ -56,13 +56,6 @@ __device__ __forceinline__ GroupRange warp_groups(int groups, int warp) {
   return {first, min(groups, first + per)};
 }
 
-// The gate-up CTA's shared memory for this call: B holds every column an
-// expert can get (a token routes to it once), unless the ids repeat.
-__host__ __device__ inline GateUpSmemLayout gate_up_smem_layout(
-    const MoeParams& p) {
-  return {p.hidden, p.num_tokens <= 8 ? 8 : 16};
-}
-
 // This warp's groups of each B column: the token's FP8 bytes and their
 // scales ([column][group]). Each warp reads only its own groups of B, so a
 // warp barrier suffices after. Through L2: the quantize stage wrote them.
@@ -115,25 +108,25 @@ __device__ __forceinline__ void finish_group(const MoeParams& p, int expert,
   uint8_t* q = p.workspace + p.layout.inter_q();
   float* q_scale =
       reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
-  for (int c = 0; c < columns; ++c) {
-    const int64_t slot = column_slot[c];
-    const int channel = group * kScaleBlock + lane * 4;
-    const float4 v =
-        __ldcg(reinterpret_cast<const float4*>(h + slot * p.inter + channel));
-    float amax =
-        fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  // Two columns at a time, a half-warp each: 8 channels per lane, as the
+  // quantize stage holds a 1 x 128 group.
+  for (int c0 = 0; c0 < columns; c0 += 2) {
+    const int c = c0 + lane / 16;
+    const int64_t at = c < columns ? int64_t(column_slot[c]) * p.inter +
+                                         group * kScaleBlock + (lane % 16) * 8
+                                   : 0;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (c < columns) {
+      const float4 v0 = __ldcg(reinterpret_cast<const float4*>(h + at));
+      const float4 v1 = __ldcg(reinterpret_cast<const float4*>(h + at + 4));
+      v[0] = v0.x, v[1] = v0.y, v[2] = v0.z, v[3] = v0.w;
+      v[4] = v1.x, v[5] = v1.y, v[6] = v1.z, v[7] = v1.w;
     }
-    const float s = dynamic_scale(amax);
-    const float2 lo = make_float2(__fdiv_rn(v.x, s), __fdiv_rn(v.y, s));
-    const float2 hi = make_float2(__fdiv_rn(v.z, s), __fdiv_rn(v.w, s));
-    const uint32_t packed =
-        uint32_t(__nv_cvt_float2_to_fp8x2(lo, __NV_SATFINITE, __NV_E4M3)) |
-        uint32_t(__nv_cvt_float2_to_fp8x2(hi, __NV_SATFINITE, __NV_E4M3)) << 16;
-    *reinterpret_cast<uint32_t*>(q + slot * p.inter + channel) = packed;
-    if (lane == 0) q_scale[slot * groups + group] = s;
+    const float s = group_scale16(v);
+    if (c < columns) {
+      store8_fp8_divided(q + at, v, s);
+      if (lane % 16 == 0) q_scale[column_slot[c] * groups + group] = s;
+    }
   }
   if (lane == 0) *counter = 0;  // ready for the next call
 }
@@ -180,7 +173,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int H = p.hidden;
   const int I = p.inter;
   const int n0 = blockIdx.x * kDecodeColumns;
-  const GateUpSmemLayout layout = gate_up_smem_layout(p);
+  const GateUpSmemLayout layout = gate_up_smem_layout(p.num_tokens, p.hidden);
   const int stride = layout.stride();
   const uint8_t* a = decode_smem;
   uint8_t* b = decode_smem + layout.b_offset();

@@ -23,8 +23,6 @@ constexpr int kChunkChannels = 256;  // 32 lanes x 8 channels
 // Chunks a warp loads before it converts any: the loads of one item are in
 // flight together (one memory latency per item, not per chunk).
 constexpr int kChunksPerItem = 4;
-// Tokens one quantize_tokens call takes at most.
-constexpr int kMaxQuantTokens = kQuantTokensPerCta;
 
 __device__ __forceinline__ float* input_scales(const MoeParams& p, int token) {
   return reinterpret_cast<float*>(p.workspace + p.layout.input_scale()) +
@@ -101,11 +99,11 @@ __device__ void quantize_item(const MoeParams& p, int token, int chunk0,
 }
 
 // The whole CTA quantizes tokens [first, end), end - first <=
-// kMaxQuantTokens (16-bit inputs only). Work is split into items of
+// kQuantTokensPerCta (16-bit inputs only). Work is split into items of
 // kChunksPerItem x 256 channels, so one token spreads over several warps;
 // per-token dynamic scales take a pass over the rows first.
 __device__ void quantize_tokens(const MoeParams& p, int first, int end) {
-  __shared__ float token_scale[kMaxQuantTokens];
+  __shared__ float token_scale[kQuantTokensPerCta];
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int warps = blockDim.x / 32;

@@ -88,6 +88,12 @@ struct GateUpSmemLayout {
   }
 };
 
+// The layout for a call: B holds every column an expert can get (a token
+// routes to an expert once, so at most num_tokens), unless the ids repeat.
+HPC_MOE_HD GateUpSmemLayout gate_up_smem_layout(int num_tokens, int hidden) {
+  return {hidden, num_tokens <= 8 ? 8 : 16};
+}
+
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
 
@@ -162,8 +168,8 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // expected to hit (one per 8-column chunk) run in one wave. Each has its
   // whole weight slice in flight at once; more chunks than CTA slots stream
   // better through the grouped GEMMs' pipelines.
-  const int b_rows = num_tokens <= 8 ? 8 : 16;
-  const int smem = GateUpSmemLayout{hidden, b_rows}.bytes() + kDecodeStaticSmem;
+  const int smem =
+      gate_up_smem_layout(num_tokens, hidden).bytes() + kDecodeStaticSmem;
   const int decode_ctas_per_sm =
       std::min(kDecodeMaxCtasPerSm, kSmemPerSm / smem);
   if (num_tokens <= kDecodeMaxTokens && decode_ctas_per_sm >= 1) {
