@@ -20,8 +20,9 @@
 // FP8 rows either way.
 //
 // PDL: after a quantize stage the ids are complete before this kernel's
-// wait (the stage two back has finished), so the slot lookup and the weight
-// copies come before it.
+// wait (the stage two back has finished), so the slot lookup, the weight
+// copies and the weight scales come before it, and the down stage may
+// launch at once: its CTAs then copy their own weights while these run.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -152,10 +153,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   // Without a quantize stage this kernel's producer wrote the ids.
   const bool ids_ready = quantize_stage_runs(p);
-  if (!ids_ready) {
-    pdl_wait_for_producer();
-    pdl_launch_dependents();
-  }
+  if (!ids_ready) pdl_wait_for_producer();
+  pdl_launch_dependents();
 
   const int slots = p.num_tokens * p.topk;
   const int slot = blockIdx.y;
@@ -198,16 +197,24 @@ __global__ void __launch_bounds__(kDecodeThreads)
     }
     if (lane == 0) num_columns = count;
   }
-  if (ids_ready) {
-    pdl_wait_for_producer();  // the quantized input
-    pdl_launch_dependents();
-  }
-  __syncthreads();
-
+  // The weight scales of this warp's K groups, lane i holding group
+  // range.first + i (a warp has at most 32 groups: launch_decode()), and
+  // the intermediate's static scale: inputs, read while the weights are in
+  // flight.
   const int groups = H / kScaleBlock;
   const GroupRange range = warp_groups(groups, warp);
   const int gate_block = n0 / kScaleBlock;
   const int up_block = (I + n0) / kScaleBlock;
+  const bool holds_group = lane < range.end - range.first;
+  const float lane_gate_scale =
+      holds_group ? p.w13_scale.at(expert, gate_block, range.first + lane)
+                  : 0.f;
+  const float lane_up_scale =
+      holds_group ? p.w13_scale.at(expert, up_block, range.first + lane) : 0.f;
+  const float inter_scale = p.block_wise ? 1.f : *p.a2_scale;
+  if (ids_ready) pdl_wait_for_producer();  // the quantized input
+  __syncthreads();
+
   for (int first = 0; first < num_columns; first += layout.b_rows) {
     const int columns = min(layout.b_rows, num_columns - first);
     const int tiles = (columns + 7) / 8;
@@ -219,8 +226,11 @@ __global__ void __launch_bounds__(kDecodeThreads)
     // with its weight and activation scales.
     float acc[2][4] = {};
     for (int group = range.first; group < range.end; ++group) {
-      const float gate_scale = p.w13_scale.at(expert, gate_block, group);
-      const float up_scale = p.w13_scale.at(expert, up_block, group);
+      const unsigned all = 0xffffffffu;
+      const float gate_scale =
+          __shfl_sync(all, lane_gate_scale, group - range.first);
+      const float up_scale =
+          __shfl_sync(all, lane_up_scale, group - range.first);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
         if (t >= tiles) break;
@@ -268,7 +278,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                                      p.layout.decode_inter())[at] = h;
           } else {  // divided, as the quantize stage does
             p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
-                __fdiv_rn(h, *p.a2_scale), __NV_SATFINITE, __NV_E4M3);
+                __fdiv_rn(h, inter_scale), __NV_SATFINITE, __NV_E4M3);
           }
         }
       }
