@@ -26,13 +26,12 @@ void launch_quantize(const MoeParams& p, cudaStream_t stream) {
       dim3(kQuantWarps * 32), 0, stream, p);
 }
 
-// quantize (16-bit inputs) -> gate-up -> down.
+// gate-up (quantizing a 16-bit input itself) -> down.
 void launch_decode(const MoeParams& p, cudaStream_t stream) {
   // A gate-up warp holds the weight scales of its K groups, one per lane.
   if (p.hidden / kScaleBlock > 32 * kDecodeWarps) {
     throw std::invalid_argument("fused_moe_fp8: hidden size too large");
   }
-  launch_quantize(p, stream);
   const int gate_up_smem = gate_up_smem_layout(p.num_tokens, p.hidden).bytes();
   const int down_smem = DownSmemLayout{p.topk, p.inter}.bytes();
   configure_smem(moe_decode_gate_up_kernel, gate_up_smem, "fused_moe_fp8");

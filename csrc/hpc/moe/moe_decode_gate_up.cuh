@@ -8,10 +8,15 @@
 // weight rows whole (the 8 gate rows and the 8 up rows of its columns) into
 // shared memory with the bulk-copy engine as soon as it knows the expert,
 // takes every slot routed to the expert as a B column (the slot's token as
-// FP8: the input, or the quantize stage's rows) and runs warp MMAs
+// FP8) and runs warp MMAs
 // (moe_warp_mma.cuh), each warp a contiguous K range. The warps' partial
 // sums meet in shared memory and warp 0 computes SiLU(gate) * up: a lane
 // holds a gate value and the up value of the same column and token.
+//
+// B columns: a 16-bit input is quantized here, per column and group, as
+// the grouped path's quantize stage does it; the decode path has no such
+// stage, whose completion (a grid flush behind the weight traffic) would
+// hold the whole chain up. An FP8 input is read as it is.
 //
 // The intermediate's scale: per tensor it is static, so warp 0 writes FP8
 // at once. Block-wise, a 1 x 128 group spans 16 CTAs: they store h in fp32
@@ -19,12 +24,12 @@
 // group for every slot (threadfence reduction), so the down stage copies
 // FP8 rows either way.
 //
-// PDL: after a quantize stage the ids are complete before this kernel's
-// wait (the stage two back has finished), so the slot lookup, the weight
-// copies and the weight scales come before it, and the down stage may
-// launch at once: its CTAs then copy their own weights while these run.
+// PDL: the first stage of the chain; once its wait has passed, the down
+// stage may launch, and its CTAs copy their own weights while these run.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
@@ -57,9 +62,9 @@ __device__ __forceinline__ GroupRange warp_groups(int groups, int warp) {
   return {first, min(groups, first + per)};
 }
 
-// This warp's groups of each B column: the token's FP8 bytes and their
-// scales ([column][group]). Each warp reads only its own groups of B, so a
-// warp barrier suffices after. Through L2: the quantize stage wrote them.
+// This warp's groups of each B column from an FP8 input: the token's bytes
+// and their scales ([column][group]). Each warp reads only its own groups
+// of B, so a warp barrier suffices after.
 __device__ __forceinline__ void stage_columns(const MoeParams& p,
                                               const int* column_slot,
                                               int columns, GroupRange range,
@@ -79,6 +84,65 @@ __device__ __forceinline__ void stage_columns(const MoeParams& p,
       if (offset == 0) {
         scales[c * groups + group] =
             __ldcg(src.scale.ptr + token * src.scale.s0 + group * src.scale.s1);
+      }
+    }
+  }
+}
+
+// This warp's groups of each B column, quantized from the 16-bit input
+// exactly as the quantize stage stores them (moe_quantize.cuh): a 1 x 128
+// group is 16 lanes of 8 channels. A per-token dynamic scale takes a first
+// pass for the row's amax, whose parts from every warp meet in `row_amax`
+// ([warp][column]; a CTA barrier, so every warp must call it).
+template <typename T>
+__device__ void quantize_columns(const MoeParams& p, const int* column_slot,
+                                 int columns, GroupRange range, uint8_t* b,
+                                 int stride, float* scales,
+                                 float (*row_amax)[kDecodeMaxTokens]) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int groups = p.hidden / kScaleBlock;
+  const int offset = (lane % 16) * 8;
+  const bool per_token = !p.block_wise && p.a1_scale == nullptr;
+  if (per_token) {
+    for (int c = 0; c < columns; ++c) {
+      const T* row = input_row<T>(p, column_slot[c] / p.topk);
+      float amax = 0.f;
+      for (int group = range.first + lane / 16; group < range.end;
+           group += 2) {
+        float v[8];
+        load8(row + group * kScaleBlock + offset, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      }
+      if (lane == 0) row_amax[warp][c] = amax;
+    }
+    __syncthreads();
+  }
+  const float static_scale = p.block_wise || per_token ? 1.f : *p.a1_scale;
+  for (int c = 0; c < columns; ++c) {
+    const T* row = input_row<T>(p, column_slot[c] / p.topk);
+    float token_scale = static_scale;
+    if (per_token) {
+      float amax = 0.f;
+      for (int w = 0; w < kDecodeWarps; ++w) amax = fmaxf(amax, row_amax[w][c]);
+      token_scale = dynamic_scale(amax);
+    }
+    // Both half-warps run every round: the group scale's shuffles span them.
+    for (int base = range.first; base < range.end; base += 2) {
+      const int group = base + lane / 16;
+      const bool active = group < range.end;
+      const int channel = group * kScaleBlock + offset;
+      float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (active) load8(row + channel, v);
+      const float scale = p.block_wise ? group_scale16(v) : token_scale;
+      if (active) {
+        store8_fp8_divided(b + c * stride + channel, v, scale);
+        if (offset == 0) scales[c * groups + group] = scale;
       }
     }
   }
@@ -132,7 +196,9 @@ __device__ __forceinline__ void finish_group(const MoeParams& p, int expert,
   if (lane == 0) *counter = 0;  // ready for the next call
 }
 
-__global__ void __launch_bounds__(kDecodeThreads)
+// At most 104 registers, so that two down CTAs fit beside one gate-up CTA
+// (moe_decode_down.cuh).
+__global__ void __maxnreg__(104)
     moe_decode_gate_up_kernel(const MoeParams p) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ __align__(128) uint8_t decode_smem[];
@@ -141,6 +207,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   __shared__ int column_slot[kMaxDecodeSlots];
   __shared__ int num_columns;
   __shared__ float partial[kDecodeWarps][2][4][32];
+  __shared__ float row_amax[kDecodeWarps][kDecodeMaxTokens];
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -151,9 +218,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     Barrier::init(&weights_ready, 1);
     cutlass::arch::fence_barrier_init();
   }
-  // Without a quantize stage this kernel's producer wrote the ids.
-  const bool ids_ready = quantize_stage_runs(p);
-  if (!ids_ready) pdl_wait_for_producer();
+  pdl_wait_for_producer();  // the ids and the input
   pdl_launch_dependents();
 
   const int slots = p.num_tokens * p.topk;
@@ -161,11 +226,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (tid < slots) slot_expert[tid] = local_expert(p, tid);
   __syncthreads();
   const int expert = slot_expert[slot];
-  // Exit unless this is the expert's first slot (uniform over the CTA);
-  // after the wait, so that dependents launch only once it is done.
+  // Exit unless this is the expert's first slot (uniform over the CTA).
   if (expert < 0 ||
       __syncthreads_or(tid < slot && slot_expert[tid] == expert)) {
-    if (ids_ready) pdl_wait_for_producer();
     return;
   }
 
@@ -199,8 +262,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   // The weight scales of this warp's K groups, lane i holding group
   // range.first + i (a warp has at most 32 groups: launch_decode()), and
-  // the intermediate's static scale: inputs, read while the weights are in
-  // flight.
+  // the intermediate's static scale, read while the weights are in flight.
   const int groups = H / kScaleBlock;
   const GroupRange range = warp_groups(groups, warp);
   const int gate_block = n0 / kScaleBlock;
@@ -212,14 +274,22 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const float lane_up_scale =
       holds_group ? p.w13_scale.at(expert, up_block, range.first + lane) : 0.f;
   const float inter_scale = p.block_wise ? 1.f : *p.a2_scale;
-  if (ids_ready) pdl_wait_for_producer();  // the quantized input
-  __syncthreads();
+  __syncthreads();  // the column list
 
   for (int first = 0; first < num_columns; first += layout.b_rows) {
     const int columns = min(layout.b_rows, num_columns - first);
     const int tiles = (columns + 7) / 8;
-    stage_columns(p, column_slot + first, columns, range, b, stride, scales);
-    __syncwarp();
+    if (p.input_type == ElemType::kBf16) {
+      quantize_columns<__nv_bfloat16>(p, column_slot + first, columns, range,
+                                      b, stride, scales, row_amax);
+    } else if (p.input_type == ElemType::kFp16) {
+      quantize_columns<__half>(p, column_slot + first, columns, range, b,
+                               stride, scales, row_amax);
+    } else {
+      stage_columns(p, column_slot + first, columns, range, b, stride,
+                    scales);
+    }
+    __syncwarp();  // a warp reads only the groups it staged
     if (first == 0) Barrier::wait(&weights_ready, 0);
 
     // Each 128-channel group (two steps) is summed apart and folded in
