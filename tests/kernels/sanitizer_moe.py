@@ -118,6 +118,17 @@ CASES: list[dict[str, object]] = [
         ),
         spare=2,
     ),
+    # The decode path with a bf16 input, block-wise: the gate-up CTAs
+    # quantize their token columns in 1x128 groups themselves, and the last
+    # CTA of each 128-column group quantizes the intermediate.
+    dict(
+        name="decode-block-bf16",
+        weights=dict(
+            num_experts=8, hidden_size=512, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(num_tokens=3, topk=2),
+        spare=1,
+    ),
     # Many tiles and a short K (I = 128): a down CTA takes all four row
     # blocks of its tile, the stage ring running on across them, each
     # block's epilogue beside the next one's loads.

@@ -104,8 +104,8 @@ __device__ __forceinline__ void stage_intermediate(const MoeParams& p,
 }
 
 // The token's shared-expert output at `row`, or 0 without one.
-__device__ __forceinline__ float shared_output_at(const MoeParams& p,
-                                                  int token, int row) {
+__device__ __forceinline__ float shared_output_at(const MoeParams& p, int token,
+                                                  int row) {
   if (!p.shared_output) return 0.f;
   const int64_t at = int64_t(token) * p.shared_stride + row;
   return p.out_type == ElemType::kBf16
@@ -115,8 +115,7 @@ __device__ __forceinline__ float shared_output_at(const MoeParams& p,
 }
 
 // At most 72 registers, so that two CTAs fit beside a gate-up CTA (104).
-__global__ void __maxnreg__(72)
-    moe_decode_down_kernel(const MoeParams p) {
+__global__ void __maxnreg__(72) moe_decode_down_kernel(const MoeParams p) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ __align__(128) uint8_t decode_smem[];
   __shared__ uint64_t full[kMaxTopk];
@@ -178,9 +177,8 @@ __global__ void __maxnreg__(72)
     const int j = i / groups;
     const int e = slot_expert[j];
     if (e < 0) continue;
-    const float w = p.router_weight_on_input
-                        ? 1.f
-                        : p.topk_weights[token * p.topk + j];
+    const float w =
+        p.router_weight_on_input ? 1.f : p.topk_weights[token * p.topk + j];
     weight_scales[i] = w * p.w2_scale.at(e, block, i % groups);
   }
   if (tid < kDecodeDownRows) {

@@ -108,8 +108,7 @@ __device__ void quantize_columns(const MoeParams& p, const int* column_slot,
     for (int c = 0; c < columns; ++c) {
       const T* row = input_row<T>(p, column_slot[c] / p.topk);
       float amax = 0.f;
-      for (int group = range.first + lane / 16; group < range.end;
-           group += 2) {
+      for (int group = range.first + lane / 16; group < range.end; group += 2) {
         float v[8];
         load8(row + group * kScaleBlock + offset, v);
 #pragma unroll
@@ -198,8 +197,7 @@ __device__ __forceinline__ void finish_group(const MoeParams& p, int expert,
 
 // At most 104 registers, so that two down CTAs fit beside one gate-up CTA
 // (moe_decode_down.cuh).
-__global__ void __maxnreg__(104)
-    moe_decode_gate_up_kernel(const MoeParams p) {
+__global__ void __maxnreg__(104) moe_decode_gate_up_kernel(const MoeParams p) {
   using Barrier = cutlass::arch::ClusterTransactionBarrier;
   extern __shared__ __align__(128) uint8_t decode_smem[];
   __shared__ uint64_t weights_ready;
@@ -280,14 +278,13 @@ __global__ void __maxnreg__(104)
     const int columns = min(layout.b_rows, num_columns - first);
     const int tiles = (columns + 7) / 8;
     if (p.input_type == ElemType::kBf16) {
-      quantize_columns<__nv_bfloat16>(p, column_slot + first, columns, range,
-                                      b, stride, scales, row_amax);
+      quantize_columns<__nv_bfloat16>(p, column_slot + first, columns, range, b,
+                                      stride, scales, row_amax);
     } else if (p.input_type == ElemType::kFp16) {
       quantize_columns<__half>(p, column_slot + first, columns, range, b,
                                stride, scales, row_amax);
     } else {
-      stage_columns(p, column_slot + first, columns, range, b, stride,
-                    scales);
+      stage_columns(p, column_slot + first, columns, range, b, stride, scales);
     }
     __syncwarp();  // a warp reads only the groups it staged
     if (first == 0) Barrier::wait(&weights_ready, 0);
