@@ -169,8 +169,9 @@ HPC_MOE_HD int local_expert(const MoeParams& p, int slot) {
   return e >= 0 && e < p.num_experts ? e : -1;
 }
 
-// 16-bit inputs are quantized by a stage of their own before the gate-up
-// GEMM; FP8 inputs need none.
+// On the grouped path 16-bit inputs are quantized by a stage of their own
+// before the gate-up GEMM; FP8 inputs need none. (The decode path's gate-up
+// kernel quantizes its token columns itself.)
 HPC_MOE_HD bool quantize_stage_runs(const MoeParams& p) {
   return p.input_type != ElemType::kFp8E4m3;
 }
