@@ -8,7 +8,8 @@
 namespace hpc {
 namespace moe {
 
-// Route, quantize (16-bit inputs), gate-up GEMM, down GEMM and reduce, each
+// Route, quantize (16-bit inputs), gate-up GEMM, down GEMM and reduce, or
+// for a few tokens the decode path's gate-up and down kernels, each
 // launched with programmatic dependent launch on `stream`.
 void fused_moe_fp8(const MoeParams& params, cudaStream_t stream);
 

@@ -50,19 +50,20 @@ constexpr int gemm_ctas_per_sm(int token_tile) {
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
 
-// The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): after the
-// quantize stage, two kernels that copy each CTA's weights whole into
-// shared memory and run warp-level MMAs, with no routing tables, no split-K
-// merge, and the top-k sum done by the down CTAs. It takes up to this many
-// tokens (an expert then sees at most two 8-column MMA tiles), and only
-// while its gate-up CTAs fit in one wave (moe_tiling()).
+// The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): two
+// kernels, the first quantizing its own token columns, that copy each CTA's
+// weights whole into shared memory and run warp-level MMAs, with no routing
+// tables, no split-K merge, and the top-k sum done by the down CTAs. It takes
+// up to this many tokens (an expert then sees at most two 8-column MMA tiles),
+// and only while its gate-up CTAs fit in one wave (moe_tiling()).
 constexpr int kDecodeMaxTokens = 16;
 constexpr int kDecodeColumns = 8;  // intermediate columns per gate-up CTA
 // Shared memory per SM (227 KB) and what a decode gate-up CTA takes beyond
 // its dynamic part (static arrays, the runtime's reserve), at most.
 constexpr int kSmemPerSm = 227 * 1024;
 constexpr int kDecodeStaticSmem = 12 * 1024;
-// Decode gate-up CTAs per SM at most: their registers (128 x 256 threads).
+// Decode gate-up CTAs per SM at most, so that the down CTAs fit beside
+// them (104 registers x 256 threads each; moe_decode_down.cuh).
 constexpr int kDecodeMaxCtasPerSm = 2;
 
 // Bytes between rows of a decode-path MMA tile in shared memory: 64 past a
