@@ -112,6 +112,14 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
+def _check_positive(**values: int) -> None:
+    """Each keyword's value must be >= 1 (a ValueError names the first that
+    is not)."""
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
 def _check_dtype(name: str, t: torch.Tensor, allowed: tuple[torch.dtype, ...]):
     if t.dtype not in allowed:
         raise ValueError(
@@ -562,11 +570,9 @@ def _validate_plan_args(
     _check_tensor("kv_lens", kv_lens)
     _check_ndim("kv_lens", kv_lens, 1, "[batch]")
     _check_dtype("kv_lens", kv_lens, (torch.int32,))
-    if num_kv_heads < 1:
-        raise ValueError(f"num_kv_heads must be >= 1, got {num_kv_heads}")
+    _check_positive(num_kv_heads=num_kv_heads)
     _check_query_tokens(query_tokens)
-    if num_ctas < 1:
-        raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
+    _check_positive(num_ctas=num_ctas)
     _check_split_len("min_split_len", min_split_len)
     _check_split_len("fixed_split_len", fixed_split_len)
     if window < 0:
@@ -697,13 +703,9 @@ class DecodeWorkspace:
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device must be a CUDA device, got {device}")
-        for name, value in (
-            ("max_batch", max_batch),
-            ("num_kv_heads", num_kv_heads),
-            ("max_kv_tokens", max_kv_tokens),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        _check_positive(
+            max_batch=max_batch, num_kv_heads=num_kv_heads, max_kv_tokens=max_kv_tokens
+        )
         if head_size not in SUPPORTED_HEAD_SIZES:
             raise ValueError(
                 f"head_size is {head_size}; accepted: {SUPPORTED_HEAD_SIZES}"
@@ -727,8 +729,7 @@ class DecodeWorkspace:
             num_ctas = _device_sm_count(device) * torch.ops._hpc_C.decode_ctas_per_sm(
                 head_size, elem_bytes
             )
-        if num_ctas < 1:
-            raise ValueError(f"num_ctas must be >= 1, got {num_ctas}")
+        _check_positive(num_ctas=num_ctas)
         max_units = max_batch * num_kv_heads
         split_tiles = fixed_split_len // DECODE_TILE_TOKENS
         max_ctas = _plan_ctas(mode, num_ctas, max_units)
@@ -1127,12 +1128,7 @@ class MoeWorkspace:
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device must be a CUDA device, got {device}")
-        for name, value in (
-            ("max_tokens", max_tokens),
-            ("num_local_experts", num_local_experts),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+        _check_positive(max_tokens=max_tokens, num_local_experts=num_local_experts)
         _check_topk(topk)
         # The per-tensor alignment is the weaker one; block-wise calls check
         # theirs when they run.
@@ -1535,13 +1531,9 @@ def moe_tiling(
 ) -> MoeTiling:
     """The tiling :func:`fused_moe_fp8` uses for ``num_tokens`` tokens on a
     GPU with ``num_sms`` SMs (runs on the host; no GPU needed)."""
-    for name, value in (
-        ("num_tokens", num_tokens),
-        ("num_local_experts", num_local_experts),
-        ("num_sms", num_sms),
-    ):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+    _check_positive(
+        num_tokens=num_tokens, num_local_experts=num_local_experts, num_sms=num_sms
+    )
     _check_topk(topk)
     if num_experts < num_local_experts:
         raise ValueError(
