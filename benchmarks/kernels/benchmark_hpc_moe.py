@@ -60,7 +60,17 @@ Implementations, on the same inputs and timed the same way:
   (hence the guard's 5e-2 below);
 * ``fused_experts``: vLLM's Triton ``fused_experts`` with the same FP8
   scheme, where vLLM imports (else skipped; the reason is recorded in the
-  ``hpc`` record's ``skipped_baselines``).
+  ``hpc`` record's ``skipped_baselines``);
+* ``triton_gemms``: the two GEMMs of ``fused_experts`` alone: vLLM's Triton
+  ``fused_moe_kernel`` launched as ``fused_experts`` launches it (its config
+  for the shape and batch, its token-block assignment, routed weights
+  applied by the down GEMM), on inputs prepared in PyTorch outside the timed
+  replay (quantized input, routing alignment, the quantized SiLU-and-mul
+  of the gate-up GEMM's own output). It needs only vLLM's Python and
+  Triton, so it runs where vLLM's compiled ops (which ``fused_experts``
+  calls around its GEMMs) do not load; being a part of ``fused_experts``,
+  its time is a lower bound of that op's. Its output check runs the whole
+  chain, with the top-k sum in PyTorch.
 
 Before timing, on the first weight set: every output (NaN-poisoned first)
 is compared with a float64 reference on a few token rows (``ref_rel_err``),
@@ -159,7 +169,14 @@ REF_ROWS = 4
 HPC = "hpc"
 TORCH = "torch"
 FUSED_EXPERTS = "fused_experts"
-BASELINES = (TORCH, FUSED_EXPERTS)
+TRITON_GEMMS = "triton_gemms"
+BASELINES = (TORCH, FUSED_EXPERTS, TRITON_GEMMS)
+TRITON_GEMMS_VARIANT = (
+    "vLLM's Triton fused_moe_kernel for the gate-up and down GEMMs only, "
+    "launched as fused_experts launches it; input quantization, routing "
+    "alignment, SiLU-and-mul with its quantization and the top-k sum in "
+    "PyTorch, outside the timed replay"
+)
 TORCH_VARIANT = (
     "input quantized as the op does; per touched expert (static loop): FP8 "
     "weights dequantized to bf16, tokens gathered, bf16 matmuls, SiLU-and-mul "
@@ -639,6 +656,151 @@ def make_fused_experts(case: Case, problem: Problem, sets: list[InputSet]) -> Im
     return run
 
 
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes and float32 ``[rows, cols / 128]`` scales of dynamic 1x128
+    quantization (amax / 448 per group), as the op and vLLM define it."""
+    rows, cols = x.shape
+    groups = x.float().view(rows, cols // BLOCK, BLOCK)
+    scale = (groups.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
+    codes = (groups / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return codes.view(rows, cols), scale
+
+
+def quantize_activation(
+    x: torch.Tensor, static_scale: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes and scales of an activation: static per-tensor where a
+    scale is given, else dynamic 1x128 groups."""
+    if static_scale is None:
+        return quantize_groups(x)
+    codes = (x.float() / static_scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+    return codes, static_scale
+
+
+def align_routing(
+    slots: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """vLLM's ``moe_align_block_size`` with ``ignore_invalid_experts``:
+    each local expert's routed rows (flat ``token * k + j`` indices, from the
+    host ``slots``: local expert or -1) padded to a multiple of ``block_m``
+    with the sentinel ``slots.numel()``; the local expert of every block
+    (-1 past the last); the padded row count."""
+    flat = slots.flatten()
+    sentinel = flat.numel()
+    capacity = sentinel + num_experts * (block_m - 1)
+    sorted_ids = torch.full((capacity,), sentinel, dtype=torch.int32)
+    expert_ids = torch.full((math.ceil(capacity / block_m),), -1, dtype=torch.int32)
+    row = 0
+    for e in range(num_experts):
+        rows = torch.nonzero(flat == e).flatten()
+        if rows.numel() == 0:
+            continue
+        padded = math.ceil(rows.numel() / block_m) * block_m
+        sorted_ids[row : row + rows.numel()] = rows.to(torch.int32)
+        expert_ids[row // block_m : (row + padded) // block_m] = e
+        row += padded
+    return (
+        sorted_ids.to(DEVICE),
+        expert_ids.to(DEVICE),
+        torch.tensor([row], dtype=torch.int32, device=DEVICE),
+    )
+
+
+def make_triton_gemms(case: Case, problem: Problem, sets: list[InputSet]) -> Impl:
+    """The ``triton_gemms`` baseline: ``run`` computes the whole op around
+    vLLM's two Triton GEMM launches (for the output check); ``run.timed``
+    replays the two launches alone, on inputs prepared here per set."""
+    import triton.language as tl
+
+    from vllm.model_executor.layers.fused_moe.fused_moe import (
+        invoke_fused_moe_triton_kernel,
+        try_get_optimal_moe_config,
+    )
+
+    tokens, inter = case.tokens, case.intermediate()
+    block_shape = [BLOCK, BLOCK] if case.block_wise else None
+    w = sets[0].weights
+    config = try_get_optimal_moe_config(
+        tuple(w.w13.shape),
+        tuple(w.w2.shape),
+        TOPK,
+        "fp8_w8a8",
+        tokens,
+        block_shape=block_shape,
+    )
+    # fused_experts' choice: with no expert map and few routed rows, one
+    # token block per (token, expert) pair and no alignment.
+    if problem.expert_map is None and tokens * TOPK * 4 <= NUM_EXPERTS:
+        sorted_ids = None
+        expert_ids = problem.topk_ids.flatten()
+        padded = torch.full(
+            (1,), tokens * TOPK * config["BLOCK_SIZE_M"], dtype=torch.int32
+        ).to(DEVICE)
+    else:
+        sorted_ids, expert_ids, padded = align_routing(
+            problem.slots, config["BLOCK_SIZE_M"], case.local_experts
+        )
+    x_codes, x_scale = quantize_activation(problem.hidden, problem.a1_scale)
+
+    def gemm(a, a_scale, b, b_scale, c, routed_weight: bool, top_k: int) -> None:
+        invoke_fused_moe_triton_kernel(
+            a,
+            b,
+            c,
+            a_scale,
+            b_scale,
+            problem.topk_weights,
+            sorted_ids,
+            expert_ids,
+            padded,
+            routed_weight,
+            top_k,
+            config,
+            compute_type=tl.bfloat16,
+            use_fp8_w8a8=True,
+            use_int8_w8a8=False,
+            use_int8_w8a16=False,
+            use_int4_w4a16=False,
+            per_channel_quant=False,
+            block_shape=block_shape,
+        )
+
+    gate_up = torch.empty(tokens, TOPK, 2 * inter, dtype=torch.bfloat16, device=DEVICE)
+    down = torch.empty(tokens, TOPK, HIDDEN, dtype=torch.bfloat16, device=DEVICE)
+    # Per set: its intermediate (codes, scales) from its own gate-up GEMM.
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def intermediate(ws: WeightSet) -> tuple[torch.Tensor, torch.Tensor]:
+        gate_up.zero_()  # rows of experts off this rank stay zero
+        gemm(x_codes, x_scale, ws.w13, ws.w13_scale, gate_up, False, TOPK)
+        g, u = gate_up.view(-1, 2 * inter).float().split(inter, dim=-1)
+        h = (torch.nn.functional.silu(g) * u).to(torch.bfloat16)
+        return quantize_activation(h, problem.a2_scale)
+
+    def run(s: InputSet) -> torch.Tensor:
+        ws = s.weights
+        h_codes, h_scale = intermediate(ws)
+        inputs[id(ws)] = (h_codes, h_scale)
+        down.zero_()
+        gemm(h_codes, h_scale, ws.w2, ws.w2_scale, down, True, 1)
+        s.out.copy_(down.float().sum(dim=1))
+        return s.out
+
+    def timed(s: InputSet) -> torch.Tensor:
+        ws = s.weights
+        if id(ws) not in inputs:
+            inputs[id(ws)] = intermediate(ws)
+        h_codes, h_scale = inputs[id(ws)]
+        gemm(x_codes, x_scale, ws.w13, ws.w13_scale, gate_up, False, TOPK)
+        gemm(h_codes, h_scale, ws.w2, ws.w2_scale, down, True, 1)
+        return s.out
+
+    for s in sets:  # prepared here, not under graph capture
+        inputs[id(s.weights)] = intermediate(s.weights)
+    run.timed = timed  # type: ignore[attr-defined]
+    return run
+
+
 # ---------------------------------------------------------------------------
 # Timing
 # ---------------------------------------------------------------------------
@@ -754,6 +916,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
         HPC: lambda: make_hpc(case, problem, env.hpc_ops),
         TORCH: lambda: make_torch(case, problem),
         FUSED_EXPERTS: lambda: make_fused_experts(case, problem, sets),
+        TRITON_GEMMS: lambda: make_triton_gemms(case, problem, sets),
     }
     # torch always runs once: it is what hpc is checked against.
     names = [HPC, TORCH] + [
@@ -796,7 +959,8 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     if HPC in impls:
         pool = torch.cuda.graph_pool_handle()
         for name in timed:
-            impl = impls[name]
+            # What a baseline times may be a part of what it was checked on.
+            impl = getattr(impls[name], "timed", impls[name])
             try:
                 graphs = capture_graphs(impl, sets, pool)
                 timings[name] = time_graphs(graphs, opts.iters, opts.warmup, scrub)
@@ -870,6 +1034,8 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                 extra["skipped_baselines"] = skipped
         if name == TORCH:
             extra["variant"] = TORCH_VARIANT
+        if name == TRITON_GEMMS:
+            extra["variant"] = TRITON_GEMMS_VARIANT
         if name in modes:
             extra["timing"] = modes[name]
         if name not in timings:
@@ -979,7 +1145,11 @@ def main(argv: list[str] | None = None) -> int:
             FUSED_EXPERTS: (
                 "vllm.model_executor.layers.fused_moe.fused_moe",
                 "fused_experts",
-            )
+            ),
+            TRITON_GEMMS: (
+                "vllm.model_executor.layers.fused_moe.fused_moe",
+                "invoke_fused_moe_triton_kernel",
+            ),
         },
         opts.baselines,
     )
