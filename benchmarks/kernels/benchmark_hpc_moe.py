@@ -439,20 +439,33 @@ class InputSet:
 # ---------------------------------------------------------------------------
 
 
+def fp8_codes(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """FP8 codes of float32 ``x / scale``, saturated."""
+    return (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
+
+
 def fp8_round_trip(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float32 ``x`` -> FP8 codes of ``x / scale`` (saturated) -> float32."""
-    codes = (x / scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-    return codes.float() * scale
+    return fp8_codes(x, scale).float() * scale
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes and float32 ``[rows, cols / 128]`` scales of dynamic 1x128
+    quantization (scale amax / 448 per group, 1 for an all-zero group), as
+    the op and vLLM define it."""
+    rows, cols = x.shape
+    groups = x.float().view(rows, cols // BLOCK, BLOCK)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return fp8_codes(groups, scale).view(rows, cols), scale.squeeze(-1)
 
 
 def group_round_trip(x: torch.Tensor) -> torch.Tensor:
-    """float32 ``[rows, cols]`` through dynamic 1x128 FP8 quantization
-    (scale amax / 448 per group, 1 for an all-zero group)."""
+    """float32 ``[rows, cols]`` through dynamic 1x128 FP8 quantization."""
     rows, cols = x.shape
-    groups = x.view(rows, cols // BLOCK, BLOCK)
-    amax = groups.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    return fp8_round_trip(groups, scale).view(rows, cols)
+    codes, scale = quantize_groups(x)
+    groups = codes.float().view(rows, cols // BLOCK, BLOCK)
+    return (groups * scale.unsqueeze(-1)).view(rows, cols)
 
 
 def quantize_input(problem: Problem, x: torch.Tensor, block_wise: bool) -> torch.Tensor:
@@ -656,16 +669,6 @@ def make_fused_experts(case: Case, problem: Problem, sets: list[InputSet]) -> Im
     return run
 
 
-def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 codes and float32 ``[rows, cols / 128]`` scales of dynamic 1x128
-    quantization (amax / 448 per group), as the op and vLLM define it."""
-    rows, cols = x.shape
-    groups = x.float().view(rows, cols // BLOCK, BLOCK)
-    scale = (groups.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
-    codes = (groups / scale.unsqueeze(-1)).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-    return codes.view(rows, cols), scale
-
-
 def quantize_activation(
     x: torch.Tensor, static_scale: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -673,8 +676,7 @@ def quantize_activation(
     scale is given, else dynamic 1x128 groups."""
     if static_scale is None:
         return quantize_groups(x)
-    codes = (x.float() / static_scale).clamp_(-FP8_MAX, FP8_MAX).to(FP8)
-    return codes, static_scale
+    return fp8_codes(x.float(), static_scale), static_scale
 
 
 def align_routing(

@@ -80,3 +80,13 @@ def test_quantize_activation_static() -> None:
     assert out_scale is scale
     # x / scale, saturated at the FP8 range.
     assert codes.float().tolist() == [[0.5, -1.0, 448.0, 0.25]]
+
+
+def test_quantize_groups_zero_group() -> None:
+    """An all-zero group gets scale 1 (as the op's reference defines it)."""
+    x = torch.zeros(2, 256)
+    x[1, 128:] = 3.0
+    codes, scale = bench.quantize_groups(x)
+    assert scale.tolist() == [[1.0, 1.0], [1.0, 3.0 / bench.FP8_MAX]]
+    assert codes.float()[0].abs().sum() == 0
+    torch.testing.assert_close(bench.group_round_trip(x), x)
