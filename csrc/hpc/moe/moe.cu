@@ -71,8 +71,10 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   launch_quantize(p, stream);
   launch_gate_up_gemm(p, stream);
   launch_down_gemm(p, stream);
-  launch_with_pdl(moe_reduce_kernel, dim3(p.num_tokens), dim3(kReduceThreads),
-                  0, stream, p);
+  launch_with_pdl(moe_reduce_kernel,
+                  dim3(p.num_tokens, static_cast<unsigned>(
+                                         ceil_div(p.hidden, kReduceChannels))),
+                  dim3(kReduceThreads), 0, stream, p);
 }
 
 }  // namespace moe

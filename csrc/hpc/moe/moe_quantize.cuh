@@ -133,12 +133,19 @@ __device__ void quantize_tokens(const MoeParams& p, int first, int end) {
   }
 }
 
+// Runs second in the chain, after the route: the input's producer (the
+// kernel before the route) is complete when this kernel starts, and the
+// previous call's gate-up GEMM, the last reader of the quantized input, is
+// long done. So the whole quantization runs before the PDL wait, beside the
+// route, and is finished before the gate-up GEMM's weights flood the memory
+// system behind it. The wait stays before the trigger, to keep the chain's
+// rule (moe_gemm_kernel.cuh).
 __global__ void __launch_bounds__(kQuantWarps * 32)
     moe_quantize_kernel(const MoeParams p) {
-  pdl_wait_for_producer();
-  pdl_launch_dependents();  // after the wait: see moe_gemm_kernel.cuh
   const int first = blockIdx.x * kQuantTokensPerCta;
   quantize_tokens(p, first, min(first + kQuantTokensPerCta, p.num_tokens));
+  pdl_wait_for_producer();
+  pdl_launch_dependents();
 }
 
 }  // namespace moe

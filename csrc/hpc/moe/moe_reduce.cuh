@@ -16,12 +16,16 @@ namespace hpc {
 namespace moe {
 
 constexpr int kReduceThreads = 256;
-// Expert rows whose loads a thread has in flight together.
-constexpr int kReduceBatch = 4;
+// Channels of a token per CTA: 8 per thread, one pass.
+constexpr int kReduceChannels = kReduceThreads * 8;
+// Expert rows whose loads a thread has in flight together (top-k 8: all).
+constexpr int kReduceBatch = 8;
 
 // out[t] = sum_j w[t, j] * down_row(t, j) (+ shared[t]), in top-k order.
-// The token's rows and weights are read once into shared memory; a thread
-// then loads kReduceBatch rows' channels before it adds any.
+// CTA (x: token, y: kReduceChannels channels): a few CTAs per token, so that
+// a small batch's sum is one round of loads per thread, not one per chunk of
+// the row. The token's rows and weights are read once into shared memory; a
+// thread then loads kReduceBatch rows' channels before it adds any.
 __global__ void __launch_bounds__(kReduceThreads)
     moe_reduce_kernel(const MoeParams p) {
   __shared__ int expert_row[kMaxTopk];  // -1: expert not on this rank
@@ -41,7 +45,8 @@ __global__ void __launch_bounds__(kReduceThreads)
   __syncthreads();
   const __nv_bfloat16* rows = reinterpret_cast<const __nv_bfloat16*>(
       p.workspace + p.layout.down_rows());
-  for (int c = threadIdx.x * 8; c < p.hidden; c += kReduceThreads * 8) {
+  const int c = (blockIdx.y * kReduceThreads + threadIdx.x) * 8;
+  if (c < p.hidden) {
     float acc[8];
     if (p.shared_output) {
       if (p.out_type == ElemType::kBf16) {
