@@ -701,12 +701,12 @@ def test_tiling_invariants(config: str, sms: int) -> None:
         assert t.max_tiles >= 1
         if t.decode:  # a few tokens (and one wave of gate-up CTAs)
             assert tokens <= 16
-        assert 1 <= t.gate_up_split <= 16
+        # A split tile's CTAs are one cluster: 8 at most.
+        assert 1 <= t.gate_up_split <= 8
         if t.gate_up_split > 1:
-            # Split partials hold 8-token tiles, at most 512 CTAs' worth, and
-            # every split keeps at least two 128-deep k-blocks.
+            # Only 8-token tiles split (the leader's stage buffers hold the
+            # partial sums), and every split keeps two 128-deep k-blocks.
             assert t.token_tile == 8
-            assert t.max_tiles * t.gate_up_blocks * t.gate_up_split <= 512
             assert t.gate_up_split <= hidden // 128 // 2
 
 
@@ -721,14 +721,14 @@ def test_tiling_w3_choices() -> None:
     # 8-token tiles run two CTAs per SM: 264 slots. One token: 8 experts x
     # 2 column blocks would fill 16 of them.
     assert tiling("tp8", 1).token_tile == 8
-    assert tiling("tp8", 1).gate_up_split == 16  # two k-blocks per CTA
+    assert tiling("tp8", 1).gate_up_split == 8  # the largest cluster
     # Eight tokens: ~64 experts x 2 blocks fill half the slots.
     assert tiling("tp8", 8).gate_up_split == 2
     # Sixty-four tokens touch nearly all 192 experts.
     assert tiling("tp8", 64).gate_up_split == 1
-    # One token on 24 local experts of 192 lands on about one of them; the
-    # partial-sum capacity caps the split.
-    assert tiling("ep8", 1).gate_up_split == 4
+    # One token on 24 local experts of 192 lands on about one of them: 12
+    # column blocks, split as far as a cluster goes.
+    assert tiling("ep8", 1).gate_up_split == 8
     assert tiling("tp1", 1).gate_up_split == 2  # 8 experts x 12 blocks
     # Down CTAs (I = 192: two k-blocks per row block): one 256-row block
     # each while the tiles are few; more, up to 8 k-blocks a CTA, while the

@@ -26,21 +26,35 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// `cluster`: thread-block cluster dimensions; (1, 1, 1) launches without.
 template <typename... KernelArgs, typename... Args>
-void launch_with_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
-                     size_t smem_bytes, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute[1];
+void launch_with_pdl_clustered(void (*kernel)(KernelArgs...), dim3 grid,
+                               dim3 block, size_t smem_bytes,
+                               cudaStream_t stream, dim3 cluster,
+                               Args&&... args) {
+  cudaLaunchAttribute attribute[2];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  attribute[1].id = cudaLaunchAttributeClusterDimension;
+  attribute[1].val.clusterDim.x = cluster.x;
+  attribute[1].val.clusterDim.y = cluster.y;
+  attribute[1].val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
   HPC_CUDA_CHECK(
       cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... KernelArgs, typename... Args>
+void launch_with_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block,
+                     size_t smem_bytes, cudaStream_t stream, Args&&... args) {
+  launch_with_pdl_clustered(kernel, grid, block, smem_bytes, stream,
+                            dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 }  // namespace hpc

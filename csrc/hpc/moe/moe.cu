@@ -55,11 +55,8 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   if (p.topk < 1 || p.topk > kMaxTopk) {
     throw std::invalid_argument("fused_moe_fp8: topk must be in [1, 16]");
   }
-  if (p.tiling.gate_up_split > 1 &&
-      (p.tiling.token_tile != kMinTokenTile || int64_t(p.tiling.max_tiles) *
-                                                       p.tiling.gate_up_blocks *
-                                                       p.tiling.gate_up_split >
-                                                   kMaxSplitCtas)) {
+  if (p.tiling.gate_up_split < 1 || p.tiling.gate_up_split > kMaxSplit ||
+      (p.tiling.gate_up_split > 1 && p.tiling.token_tile != kMinTokenTile)) {
     throw std::invalid_argument("fused_moe_fp8: split-K tiling out of range");
   }
   if (p.tiling.decode) {

@@ -4,9 +4,11 @@
 // memory area apart from the pipeline's stages (GemmConfig::kStagingOffset):
 // a down CTA's pipeline keeps loading its next row block meanwhile.
 //
-//   merge_split_k      gate-up with split K: every CTA stores its partial
-//                      sums; the last to arrive adds all of them in split
-//                      order (deterministic) and goes on
+//   merge_split_k      gate-up with split K: the split CTAs of an output
+//                      tile are one cluster; the others write their partial
+//                      sums into the leader's free stage buffers (DSMEM), and
+//                      the leader adds them in split order (deterministic)
+//                      and goes on
 //   gate_up_epilogue   h = SiLU(gate) * up, quantized to FP8 (static
 //                      per-tensor scale, or 1 x 128 groups: the CTA's 128
 //                      columns are one group of each token), stored to the
@@ -24,6 +26,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/cluster.cuh"
 #include "common/sync.cuh"
 #include "common/vec.cuh"
 #include "moe/moe_activation.cuh"
@@ -37,49 +40,63 @@ namespace moe {
 template <class Acc>
 constexpr int kAccValues = decltype(cute::size(std::declval<Acc>()))::value;
 
-// Returns false in every CTA of the output tile but the last to finish; the
-// last one's `acc` then holds the sum over all K ranges. `flag` is shared.
+// The split-K merge's barriers, in each CTA's shared memory: `stages_free`
+// (count 1), which the leader arrives on remotely once its stage buffers may
+// be overwritten, and `partials_ready` (the leader's, count (split - 1) x
+// kConsumerThreads), on which every consumer thread of the others arrives
+// after writing its partial sums there.
+struct SplitBarriers {
+  uint64_t stages_free;
+  uint64_t partials_ready;
+};
+
+// The split CTAs of an output tile run as one cluster, cluster rank = split
+// index. No global memory round trip: a load or an atomic issued by a CTA
+// now waits behind the weight copies its SM has in flight, several µs,
+// whereas shared memory of the cluster answers at once. Returns false in
+// every CTA but the leader (rank 0), whose `acc` then holds the sum over all
+// K ranges, added in rank order. `stages`: the CTA's stage buffers, all of
+// whose copies have landed and been read once the mainloop is done.
 template <class Acc>
-__device__ bool merge_split_k(const MoeParams& p, int out_tile, int split_index,
-                              Acc& acc, int* flag) {
+__device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
+                              SplitBarriers* barriers) {
   constexpr int kSlot = kCtaRows * kMinTokenTile;  // floats per CTA
   static_assert(kAccValues<Acc> * kConsumerThreads == kSlot);
-  const int split = p.tiling.gate_up_split;
   const int t = threadIdx.x;
-  float* partials =
-      reinterpret_cast<float*>(p.workspace + p.layout.split_partials());
-  int* counters =
-      reinterpret_cast<int*>(p.workspace + p.layout.split_counters());
-  float* mine = partials + (int64_t(out_tile) * split + split_index) * kSlot;
-#pragma unroll
-  for (int i = 0; i < cute::size(acc); ++i) {
-    mine[i * kConsumerThreads + t] = acc(i);
-  }
-  // Threadfence reduction: publish the partials, then count arrivals.
-  __threadfence();
-  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-  if (t == 0) *flag = atomicAdd(&counters[out_tile], 1) == split - 1;
-  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-  if (!*flag) return false;
-  __threadfence();
-  const float* first = partials + int64_t(out_tile) * split * kSlot;
-#pragma unroll
-  for (int i = 0; i < cute::size(acc); ++i) {
-    float sum = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < split; ++s) {
-      sum += __ldcg(first + s * kSlot + i * kConsumerThreads + t);
+  float* partials = reinterpret_cast<float*>(stages);
+  if (rank == 0) {
+    // Both warpgroups are past their last wgmma: the stages are free.
+    named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+    if (t > 0 && t < split) {
+      cluster_arrive_remote(&barriers->stages_free, t);
     }
-    acc(i) = sum;
+    cluster_wait_acquire(&barriers->partials_ready, 0);
+#pragma unroll
+    for (int i = 0; i < cute::size(acc); ++i) {
+      float sum = acc(i);
+      for (int r = 1; r < split; ++r) {
+        sum += partials[(r - 1) * kSlot + i * kConsumerThreads + t];
+      }
+      acc(i) = sum;
+    }
+    return true;
   }
-  if (t == 0) counters[out_tile] = 0;  // ready for the next call
-  return true;
+  cluster_wait_acquire(&barriers->stages_free, 0);
+  float* leader = map_to_cta(partials, 0) + (rank - 1) * kSlot;
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    leader[i * kConsumerThreads + t] = acc(i);
+  }
+  cluster_arrive_remote(&barriers->partials_ready, 0);
+  return false;
 }
 
+// `static_scale`: the intermediate's per-tensor scale (unused block-wise),
+// read by the caller before its mainloop.
 template <int kTokens, class Acc, class Coord>
 __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
-                                 int n0, Acc& acc, const Coord& coord,
-                                 uint8_t* staging) {
+                                 int n0, float static_scale, Acc& acc,
+                                 const Coord& coord, uint8_t* staging) {
   constexpr int kValues = kAccValues<Acc>;
   static_assert(kValues * 128 * sizeof(float) == kTokens * kCtaRows * 2);
   const int wg = threadIdx.x / 128;
@@ -126,7 +143,6 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
                   n0 / kScaleBlock] = dynamic_scale(m);
     }
   }
-  const float static_scale = p.block_wise ? 1.f : *p.a2_scale;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
     const int row = cute::get<0>(coord(i));

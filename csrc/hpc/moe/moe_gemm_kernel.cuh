@@ -12,6 +12,7 @@
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
+#include "common/cluster.cuh"
 #include "common/pdl.cuh"
 #include "moe/moe_gemm.cuh"
 #include "moe/moe_gemm_epilogue.cuh"
@@ -43,10 +44,12 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __shared__ uint64_t full[Config::kStages];
   __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];
-  __shared__ int last_split;
+  __shared__ SplitBarriers split_barriers;
 
   const int warp = threadIdx.x / 32;
   const bool tma_thread = threadIdx.x == kConsumerThreads;
+  // Gate-up with split K: the split CTAs of a tile are one cluster.
+  const int split = kGateUp ? p.tiling.gate_up_split : 1;
   if (tma_thread) prefetch_tma_descriptor(&weights);
   if (threadIdx.x == 0) {
 #pragma unroll
@@ -54,12 +57,17 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
       FullBarrier::init(&full[s], 1 + 32);  // expect_tx + producer lanes
       EmptyBarrier::init(&empty[s], kConsumerThreads / 32);
     }
+    if (split > 1) {
+      EmptyBarrier::init(&split_barriers.stages_free, 1);
+      EmptyBarrier::init(&split_barriers.partials_ready,
+                         (split - 1) * kConsumerThreads);
+    }
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();  // barriers initialized before the producer's first copy
+  if (split > 1) cluster_sync();  // ... and before any remote arrival
 
   // Gate-up: y = column block x K split. Down: y = group of row blocks.
-  const int split = kGateUp ? p.tiling.gate_up_split : 1;
   WorkRange range;
   if constexpr (kGateUp) {
     const int k_blocks = ceil_div(p.hidden, kTileK);
@@ -118,6 +126,9 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   const Tensor coord = thr.partition_C(make_identity_tensor(tile_shape));
   int stage = 0;
   uint32_t phase = 0;
+  // Read now, behind this CTA's first weight copies: in the epilogue the
+  // load would wait for all the copies its SM then has in flight.
+  const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
   for (int block = range.block_begin; block < range.block_end; ++block) {
     const int n0 = block_row<kGateUp>(block);
     mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, range.kb_begin,
@@ -125,15 +136,16 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
                                  stage, phase);
     if constexpr (kGateUp) {
       if constexpr (kTokens == kMinTokenTile) {
-        if (split > 1) {
-          const int out_tile = blockIdx.x * p.tiling.gate_up_blocks + block;
-          if (!merge_split_k(p, out_tile, blockIdx.y % split, acc,
-                             &last_split)) {
-            return;
-          }
+        // The leader's stage buffers hold the others' partial sums.
+        static_assert((kMaxSplit - 1) * kCtaRows * kMinTokenTile *
+                          sizeof(float) <=
+                      Config::kWeightBytes);
+        if (split > 1 && !merge_split_k(split, blockIdx.y % split, acc, smem,
+                                        &split_barriers)) {
+          return;
         }
       }
-      gate_up_epilogue<kTokens>(p, tile, n0, acc, coord,
+      gate_up_epilogue<kTokens>(p, tile, n0, inter_scale, acc, coord,
                                 smem + Config::kStagingOffset);
     } else {
       down_epilogue<kTokens>(p, tile, n0, acc, coord,

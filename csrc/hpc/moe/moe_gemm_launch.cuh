@@ -48,7 +48,10 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
   // y: column block x K split (gate-up) or group of row blocks (down).
   const dim3 grid(t.max_tiles, kGateUp ? t.gate_up_blocks * t.gate_up_split
                                        : down_ctas_per_tile(t));
-  launch_with_pdl(kernel, grid, dim3(kGemmThreads), kSmem, stream, p, weights);
+  // A split gate-up tile's CTAs (consecutive in y) form a cluster.
+  const dim3 cluster(1, kGateUp ? t.gate_up_split : 1);
+  launch_with_pdl_clustered(kernel, grid, dim3(kGemmThreads), kSmem, stream,
+                            cluster, p, weights);
 }
 
 template <bool kGateUp>

@@ -28,22 +28,13 @@ struct MoeWorkspaceLayout {
     return (bytes + 255) / 256 * 256;
   }
 
-  // int32 [kMaxSplitCtas]: gate-up split-K arrivals per output tile.
-  HPC_MOE_HD int64_t split_counters() const { return 0; }
   // int32 [num_experts, I / 128]: block-wise decode path, arrivals of the
   // gate-up CTAs of each expert's 128-column group.
-  HPC_MOE_HD int64_t group_counters() const {
-    return split_counters() + align(4 * kMaxSplitCtas);
-  }
-  // float [kMaxSplitCtas, kCtaRows * kMinTokenTile]: split-K partial sums.
-  HPC_MOE_HD int64_t split_partials() const {
-    return group_counters() + align(4 * int64_t(num_experts) *
-                                    ((inter + kScaleBlock - 1) / kScaleBlock));
-  }
+  HPC_MOE_HD int64_t group_counters() const { return 0; }
   // int32 [num_experts + 1]: first sorted row of each expert.
   HPC_MOE_HD int64_t expert_offset() const {
-    return split_partials() +
-           align(int64_t(4) * kMaxSplitCtas * kCtaRows * kMinTokenTile);
+    return group_counters() + align(4 * int64_t(num_experts) *
+                                    ((inter + kScaleBlock - 1) / kScaleBlock));
   }
   // int32 [num_experts + 1]: first token tile of each expert.
   HPC_MOE_HD int64_t tile_offset() const {

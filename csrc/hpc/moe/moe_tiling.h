@@ -35,11 +35,10 @@ constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
 constexpr int kMaxTopk = 16;
 constexpr int kMinTokenTile = 8;
 constexpr int kMaxTokenTile = 64;
-// Split-K partials are kept for at most this many gate-up CTAs, each
-// kCtaRows x kMinTokenTile floats (splitting is only chosen for 8-token
-// tiles); the per-output-tile arrival counters are as many.
-constexpr int kMaxSplitCtas = 512;
-constexpr int kMaxSplit = 16;
+// K ranges of a split gate-up tile, at most: its CTAs are one cluster (8 at
+// most, portably), and the leader's stage buffers take the others' partial
+// sums (splitting is only chosen for 8-token tiles).
+constexpr int kMaxSplit = 8;
 // GEMM CTAs per SM with tiles of at most kNarrowTile tokens (few
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
@@ -149,8 +148,6 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     split = static_cast<int>(std::min<int64_t>(
         {slots / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
     split = std::max(split, 1);
-    const int64_t out_tiles = int64_t(t.max_tiles) * t.gate_up_blocks;
-    while (split > 1 && out_tiles * split > kMaxSplitCtas) --split;
   }
   t.gate_up_split = split;
 
