@@ -1518,6 +1518,7 @@ class MoeTiling:
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
     decode: bool  # a few tokens: the decode path instead
+    slot_tiles: bool  # few routed slots: grouped GEMMs without a route stage
 
 
 def moe_tiling(
@@ -1553,7 +1554,7 @@ def moe_tiling(
             num_sms,
         )
     )
-    values[-1] = bool(values[-1])
+    values[-2:] = [bool(v) for v in values[-2:]]
     return MoeTiling(*values)
 
 

@@ -60,7 +60,8 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
                    bool block_wise, bool apply_router_weight_on_input);
 
 // The MoE pipeline's tiling for a call (moe/moe_tiling.h): token_tile,
-// max_tiles, gate_up_blocks, gate_up_split, down_blocks, down_group, decode.
+// max_tiles, gate_up_blocks, gate_up_split, down_blocks, down_group, decode,
+// slot_tiles.
 std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
                                 int64_t num_local_experts, int64_t num_experts,
                                 int64_t hidden_size, int64_t intermediate_size,

@@ -364,6 +364,8 @@ def test_cases_cover_every_tiling() -> None:
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}
     assert {t.decode for t in tilings} == {True, False}
+    # The grouped path with and without the route stage.
+    assert {t.slot_tiles for t in tilings if not t.decode} == {True, False}
 
 
 # ---------------------------------------------------------------------------

@@ -701,6 +701,8 @@ def test_tiling_invariants(config: str, sms: int) -> None:
         assert t.max_tiles >= 1
         if t.decode:  # a few tokens (and one wave of gate-up CTAs)
             assert tokens <= 16
+        # Slot tiles: the grouped path of at most 128 routed slots.
+        assert t.slot_tiles == (not t.decode and tokens * topk <= 128)
         # A split tile's CTAs are one cluster: 8 at most.
         assert 1 <= t.gate_up_split <= 8
         if t.gate_up_split > 1:
@@ -730,6 +732,10 @@ def test_tiling_w3_choices() -> None:
     # column blocks, split as far as a cluster goes.
     assert tiling("ep8", 1).gate_up_split == 8
     assert tiling("tp1", 1).gate_up_split == 2  # 8 experts x 12 blocks
+    # Up to 16 tokens (128 slots) the grouped path runs without the route.
+    assert tiling("tp1", 1).slot_tiles and tiling("tp8", 16).slot_tiles
+    assert not tiling("tp8", 32).slot_tiles
+    assert not tiling("tp8", 1).slot_tiles  # the decode path
     # Down CTAs (I = 192: two k-blocks per row block): one 256-row block
     # each while the tiles are few; more, up to 8 k-blocks a CTA, while the
     # CTAs still fill the 264 slots. I = 1536 is long enough alone.

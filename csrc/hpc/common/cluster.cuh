@@ -14,8 +14,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* ptr) {
 
 // The address of `ptr` (this CTA's shared memory) in the shared memory of
 // the cluster's CTA `rank`, as a shared::cluster address.
-__device__ __forceinline__ uint32_t cluster_address(const void* ptr,
-                                                    int rank) {
+__device__ __forceinline__ uint32_t cluster_address(const void* ptr, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
                : "=r"(remote)
@@ -27,16 +26,13 @@ __device__ __forceinline__ uint32_t cluster_address(const void* ptr,
 template <typename T>
 __device__ __forceinline__ T* map_to_cta(T* ptr, int rank) {
   T* remote;
-  asm volatile("mapa.u64 %0, %1, %2;"
-               : "=l"(remote)
-               : "l"(ptr), "r"(rank));
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(remote) : "l"(ptr), "r"(rank));
   return remote;
 }
 
 // Arrives on the mbarrier at `bar`'s place in CTA `rank`, releasing this
 // thread's prior writes at cluster scope.
-__device__ __forceinline__ void cluster_arrive_remote(uint64_t* bar,
-                                                      int rank) {
+__device__ __forceinline__ void cluster_arrive_remote(uint64_t* bar, int rank) {
   asm volatile(
       "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
           cluster_address(bar, rank))
@@ -62,9 +58,10 @@ __device__ __forceinline__ void cluster_wait_acquire(uint64_t* bar,
 // Every thread of every CTA of the cluster: the mbarriers initialized before
 // it are visible to the cluster's remote arrivals after it.
 __device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n"
-               "barrier.cluster.wait.acquire.aligned;" ::
-                   : "memory");
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;" ::
+          : "memory");
 }
 
 }  // namespace hpc

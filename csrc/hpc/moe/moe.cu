@@ -1,6 +1,7 @@
 // Host side of the fused FP8 MoE pipeline: the stages in stream order, each
 // chained to the previous one with programmatic dependent launch. A few
-// tokens take the decode path; more, route + grouped GEMMs + reduce.
+// tokens take the decode path; more, route + grouped GEMMs + reduce (a
+// small batch without the route: slot tiles, moe_tiles.cuh).
 #include <stdexcept>
 
 #include "common/pdl.cuh"
@@ -59,12 +60,18 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
       (p.tiling.gate_up_split > 1 && p.tiling.token_tile != kMinTokenTile)) {
     throw std::invalid_argument("fused_moe_fp8: split-K tiling out of range");
   }
+  if (p.tiling.slot_tiles &&
+      int64_t(p.num_tokens) * p.topk > kSlotTilesMaxSlots) {
+    throw std::invalid_argument("fused_moe_fp8: slot tiles out of range");
+  }
   if (p.tiling.decode) {
     launch_decode(p, stream);
     return;
   }
-  launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
-                  3 * p.num_experts * sizeof(int), stream, p);
+  if (!p.tiling.slot_tiles) {
+    launch_with_pdl(moe_route_kernel, dim3(1), dim3(kRouteThreads),
+                    3 * p.num_experts * sizeof(int), stream, p);
+  }
   launch_quantize(p, stream);
   launch_gate_up_gemm(p, stream);
   launch_down_gemm(p, stream);

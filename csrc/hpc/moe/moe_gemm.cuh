@@ -109,22 +109,6 @@ __device__ __forceinline__ int block_row(int block) {
   return block * (kGateUp ? kWgRows : kCtaRows);
 }
 
-// The CTA's token tile from the route's table; false when the launch's
-// tile bound exceeds the tiles this call needs. Both loads go out together.
-__device__ __forceinline__ bool find_tile(const MoeParams& p, int tile,
-                                          TileInfo& info) {
-  const int32_t* tile_offset =
-      reinterpret_cast<const int32_t*>(p.workspace + p.layout.tile_offset());
-  const TileInfo* infos =
-      reinterpret_cast<const TileInfo*>(p.workspace + p.layout.tile_info());
-  // Through L2 only: the table may be read before this kernel's PDL wait
-  // (moe_gemm_kernel.cuh), and an SM's L1 may hold the previous call's.
-  const int tiles = __ldcg(tile_offset + p.num_experts);
-  const int4 raw = __ldcg(reinterpret_cast<const int4*>(infos + tile));
-  info = TileInfo{raw.x, raw.y, raw.z, raw.w};  // in the buffer past `tiles`
-  return tile < tiles;
-}
-
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
                                                  bool valid) {
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));

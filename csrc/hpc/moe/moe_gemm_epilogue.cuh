@@ -12,7 +12,7 @@
 //   gate_up_epilogue   h = SiLU(gate) * up, quantized to FP8 (static
 //                      per-tensor scale, or 1 x 128 groups: the CTA's 128
 //                      columns are one group of each token), stored to the
-//                      intermediate in sorted-row order
+//                      intermediate by row (moe_tiles.cuh)
 //   down_epilogue      16-bit rows of each (token, expert) pair for the
 //                      top-k reduction
 #pragma once
@@ -91,12 +91,14 @@ __device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
   return false;
 }
 
-// `static_scale`: the intermediate's per-tensor scale (unused block-wise),
-// read by the caller before its mainloop.
+// `rows`: the tile's rows (moe_tiles.cuh). `static_scale`: the
+// intermediate's per-tensor scale (unused block-wise), read by the caller
+// before its mainloop.
 template <int kTokens, class Acc, class Coord>
 __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
-                                 int n0, float static_scale, Acc& acc,
-                                 const Coord& coord, uint8_t* staging) {
+                                 const int* rows, int n0, float static_scale,
+                                 Acc& acc, const Coord& coord,
+                                 uint8_t* staging) {
   constexpr int kValues = kAccValues<Acc>;
   static_assert(kValues * 128 * sizeof(float) == kTokens * kCtaRows * 2);
   const int wg = threadIdx.x / 128;
@@ -139,7 +141,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
         reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
     if (t < tile.rows) {
       const float m = __int_as_float(token_amax[t]);
-      inter_scale[int64_t(tile.row0 + t) * ceil_div(p.inter, kScaleBlock) +
+      inter_scale[int64_t(rows[t]) * ceil_div(p.inter, kScaleBlock) +
                   n0 / kScaleBlock] = dynamic_scale(m);
     }
   }
@@ -165,17 +167,16 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
     const int tok = c / kChunks;
     const int col = n0 + (c % kChunks) * 16;
     if (tok < tile.rows && col < p.inter) {
-      *reinterpret_cast<uint4*>(inter + int64_t(tile.row0 + tok) * p.inter +
-                                col) =
+      *reinterpret_cast<uint4*>(inter + int64_t(rows[tok]) * p.inter + col) =
           *reinterpret_cast<const uint4*>(staged + tok * kWgRows + col - n0);
     }
   }
 }
 
 template <int kTokens, class Acc, class Coord>
-__device__ void down_epilogue(const MoeParams& p, const TileInfo& tile, int n0,
-                              const Acc& acc, const Coord& coord,
-                              uint8_t* staging) {
+__device__ void down_epilogue(const MoeParams& p, const TileInfo& tile,
+                              const int* rows, int n0, const Acc& acc,
+                              const Coord& coord, uint8_t* staging) {
   const int wg = threadIdx.x / 128;
   __nv_bfloat16* staged =
       reinterpret_cast<__nv_bfloat16*>(staging);  // [kTokens][kCtaRows]
@@ -188,15 +189,14 @@ __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile, int n0,
   }
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 
-  __nv_bfloat16* rows =
+  __nv_bfloat16* down =
       reinterpret_cast<__nv_bfloat16*>(p.workspace + p.layout.down_rows());
   constexpr int kChunks = kCtaRows / 8;
   for (int c = threadIdx.x; c < kTokens * kChunks; c += kConsumerThreads) {
     const int tok = c / kChunks;
     const int col = n0 + (c % kChunks) * 8;
     if (tok < tile.rows && col < p.hidden) {
-      *reinterpret_cast<uint4*>(rows + int64_t(tile.row0 + tok) * p.hidden +
-                                col) =
+      *reinterpret_cast<uint4*>(down + int64_t(rows[tok]) * p.hidden + col) =
           *reinterpret_cast<const uint4*>(staged + tok * kCtaRows + col - n0);
     }
   }

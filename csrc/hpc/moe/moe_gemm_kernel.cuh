@@ -17,16 +17,18 @@
 #include "moe/moe_gemm.cuh"
 #include "moe/moe_gemm_epilogue.cuh"
 #include "moe/moe_params.h"
+#include "moe/moe_tiles.cuh"
 
 namespace hpc {
 namespace moe {
 
-// Whether the route's tables may be read before this kernel's PDL wait.
-// Every stage lets its dependents launch only after its own wait, so when a
-// kernel starts, the stage two before it is complete: the route, for the
-// down GEMM always, for the gate-up GEMM when the quantize stage ran between.
+// Whether the tile may be found before this kernel's PDL wait. Every stage
+// lets its dependents launch only after its own wait, so when a kernel
+// starts, the stage two before it is complete: the route (or, with slot
+// tiles, the router that wrote the ids), for the down GEMM always, for the
+// gate-up GEMM when the quantize stage ran between.
 template <bool kGateUp>
-__device__ __forceinline__ bool route_tables_complete(const MoeParams& p) {
+__device__ __forceinline__ bool tile_source_complete(const MoeParams& p) {
   return !kGateUp || quantize_stage_runs(p);
 }
 
@@ -38,12 +40,14 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
                     const __grid_constant__ CUtensorMap weights) {
   using namespace cute;
   using Config = GemmConfig<kTokens>;
+  static_assert(kGemmThreads >= kSlotTilesMaxSlots);  // find_slot_tile()
   extern __shared__ uint8_t gemm_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(gemm_smem_raw) + 1023) & ~uintptr_t(1023));
   __shared__ uint64_t full[Config::kStages];
   __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];
+  __shared__ int tile_rows[kTokens];
   __shared__ SplitBarriers split_barriers;
 
   const int warp = threadIdx.x / 32;
@@ -89,7 +93,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   TileInfo tile;
   bool has_tile = false;
   auto find_tile_and_load_weights = [&] {
-    has_tile = find_tile(p, blockIdx.x, tile);
+    has_tile = find_tile<kTokens>(p, tile, tile_rows);
     if (has_tile && tma_thread) {
       for (int i = 0; i < min(range.size(), Config::kStages); ++i) {
         load_weights<kGateUp, kTokens>(p, &weights, tile,
@@ -98,7 +102,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
       }
     }
   };
-  const bool early = route_tables_complete<kGateUp>(p);
+  const bool early = tile_source_complete<kGateUp>(p);
   if (early) find_tile_and_load_weights();
   // Every CTA waits, even one without a tile: a grid whose CTAs all left
   // before waiting would let its dependents run ahead of its producer.
@@ -109,7 +113,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
 
   for (int t = threadIdx.x; t < kTokens; t += kGemmThreads) {
     token_src[t] =
-        t < tile.rows ? TokenSource<kGateUp>::row_of(p, tile.row0 + t) : 0;
+        t < tile.rows ? TokenSource<kGateUp>::row_of(p, tile_rows[t]) : 0;
   }
   __syncthreads();
 
@@ -145,10 +149,10 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
           return;
         }
       }
-      gate_up_epilogue<kTokens>(p, tile, n0, inter_scale, acc, coord,
+      gate_up_epilogue<kTokens>(p, tile, tile_rows, n0, inter_scale, acc, coord,
                                 smem + Config::kStagingOffset);
     } else {
-      down_epilogue<kTokens>(p, tile, n0, acc, coord,
+      down_epilogue<kTokens>(p, tile, tile_rows, n0, acc, coord,
                              smem + Config::kStagingOffset);
     }
   }

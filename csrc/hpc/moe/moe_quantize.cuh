@@ -133,19 +133,29 @@ __device__ void quantize_tokens(const MoeParams& p, int first, int end) {
   }
 }
 
-// Runs second in the chain, after the route: the input's producer (the
-// kernel before the route) is complete when this kernel starts, and the
-// previous call's gate-up GEMM, the last reader of the quantized input, is
-// long done. So the whole quantization runs before the PDL wait, beside the
-// route, and is finished before the gate-up GEMM's weights flood the memory
-// system behind it. The wait stays before the trigger, to keep the chain's
-// rule (moe_gemm_kernel.cuh).
+// After the route, this kernel runs second in the chain: the input's
+// producer (the kernel before the route) is complete when it starts, and
+// the previous call's gate-up GEMM, the last reader of the quantized input,
+// is long done. So the whole quantization runs before the PDL wait, beside
+// the route, and is finished before the gate-up GEMM's weights flood the
+// memory system behind it. With slot tiles there is no route: it runs
+// first, waits first, and lets the gate-up GEMM launch at once (its CTAs
+// find their tiles from the ids before their first weight copies, by when
+// these loads of the input are out). Either way the trigger follows the
+// wait, the chain's rule (moe_gemm_kernel.cuh).
 __global__ void __launch_bounds__(kQuantWarps * 32)
     moe_quantize_kernel(const MoeParams p) {
+  const bool first_stage = p.tiling.slot_tiles;
+  if (first_stage) {
+    pdl_wait_for_producer();
+    pdl_launch_dependents();
+  }
   const int first = blockIdx.x * kQuantTokensPerCta;
   quantize_tokens(p, first, min(first + kQuantTokensPerCta, p.num_tokens));
-  pdl_wait_for_producer();
-  pdl_launch_dependents();
+  if (!first_stage) {
+    pdl_wait_for_producer();
+    pdl_launch_dependents();
+  }
 }
 
 }  // namespace moe

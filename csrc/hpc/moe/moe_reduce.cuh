@@ -31,13 +31,16 @@ __global__ void __launch_bounds__(kReduceThreads)
   __shared__ int expert_row[kMaxTopk];  // -1: expert not on this rank
   __shared__ float weight[kMaxTopk];
   const int token = blockIdx.x;
-  // The route's table is complete before the wait (see moe_gemm_kernel.cuh);
-  // read through L2, past any stale L1 line of the previous call.
+  // The route's table (or, with slot tiles, the router's ids) is complete
+  // before the wait (see moe_gemm_kernel.cuh); read through L2, past any
+  // stale L1 line of the previous call. A slot tile's row is its slot.
   if (threadIdx.x < p.topk) {
     const int slot = token * p.topk + threadIdx.x;
     const int32_t* slot_row =
         reinterpret_cast<const int32_t*>(p.workspace + p.layout.slot_row());
-    expert_row[threadIdx.x] = __ldcg(slot_row + slot);
+    expert_row[threadIdx.x] = p.tiling.slot_tiles
+                                  ? (local_expert(p, slot) >= 0 ? slot : -1)
+                                  : __ldcg(slot_row + slot);
     weight[threadIdx.x] = p.router_weight_on_input ? 1.f : p.topk_weights[slot];
   }
   pdl_wait_for_producer();  // the down GEMM's rows

@@ -94,6 +94,13 @@ HPC_MOE_HD GateUpSmemLayout gate_up_smem_layout(int num_tokens, int hidden) {
   return {hidden, num_tokens <= 8 ? 8 : 16};
 }
 
+// Slot tiles (no route stage): for a batch of at most this many routed
+// slots (token * topk + j), each GEMM CTA finds its tile from the router's
+// ids itself (moe_slot_tiles.cuh), and a routed row is identified by its
+// slot. The route kernel's launch and its run before the gate-up GEMM may
+// know any tile cost more than a few tokens' tiles take to find.
+constexpr int kSlotTilesMaxSlots = 128;
+
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
 
@@ -105,6 +112,7 @@ struct MoeTiling {
   int down_blocks;     // 256-row blocks of the hidden dimension
   int down_group;      // row blocks per down-GEMM CTA
   bool decode;         // the decode path instead of route + grouped GEMMs
+  bool slot_tiles;     // grouped GEMMs without a route stage (slot rows)
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -177,6 +185,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     t.decode = experts * ceil_div(inter, kDecodeColumns) <=
                int64_t(decode_ctas_per_sm) * num_sms;
   }
+  t.slot_tiles = !t.decode && rows <= kSlotTilesMaxSlots;
   return t;
 }
 

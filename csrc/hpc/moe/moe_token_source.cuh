@@ -14,7 +14,7 @@ namespace moe {
 
 // Token rows of the B operand and the rows their activation scales are
 // indexed by: the gate-up GEMM gathers input tokens, the down GEMM reads the
-// intermediate in sorted-row order.
+// intermediate by row.
 template <bool kGateUp>
 struct TokenSource {
   const uint8_t* base;
@@ -51,9 +51,11 @@ struct TokenSource {
     return s;
   }
 
-  // Row of the B source (and of its scales) for expert-sorted row `row`.
+  // Row of the B source (and of its scales) for a tile's row
+  // (moe_tiles.cuh): the row's token for gate-up, the row itself for down.
   __device__ static int64_t row_of(const MoeParams& p, int row) {
     if constexpr (kGateUp) {
+      if (p.tiling.slot_tiles) return row / p.topk;
       const int32_t* row_slot =
           reinterpret_cast<const int32_t*>(p.workspace + p.layout.row_slot());
       return row_slot[row] / p.topk;
