@@ -1,8 +1,8 @@
 // The grouped FP8 GEMM kernel of the fused MoE pipeline: tile lookup, the
 // producer / consumer split of moe_gemm.cuh and the epilogues of
-// moe_gemm_epilogue.cuh. Grid: x = token tile, y = column block x split
-// index (gate-up) or group of row blocks (down); CTAs past the tiles of
-// this call return.
+// moe_gemm_epilogue.cuh. Grid: x = column block x split index (gate-up) or
+// group of row blocks (down), y = token tile; CTAs past the tiles of this
+// call return.
 #pragma once
 
 #include <cuda.h>
@@ -71,17 +71,17 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __syncthreads();  // barriers initialized before the producer's first copy
   if (split > 1) cluster_sync();  // ... and before any remote arrival
 
-  // Gate-up: y = column block x K split. Down: y = group of row blocks.
+  // Gate-up: x = column block x K split. Down: x = group of row blocks.
   WorkRange range;
   if constexpr (kGateUp) {
     const int k_blocks = ceil_div(p.hidden, kTileK);
-    const int split_index = blockIdx.y % split;
-    range.block_begin = blockIdx.y / split;
+    const int split_index = blockIdx.x % split;
+    range.block_begin = blockIdx.x / split;
     range.block_end = range.block_begin + 1;
     range.kb_begin = split_index * k_blocks / split;
     range.kb_end = (split_index + 1) * k_blocks / split;
   } else {
-    range.block_begin = blockIdx.y * p.tiling.down_group;
+    range.block_begin = blockIdx.x * p.tiling.down_group;
     range.block_end =
         min(range.block_begin + p.tiling.down_group, p.tiling.down_blocks);
     range.kb_begin = 0;
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
         static_assert((kMaxSplit - 1) * kCtaRows * kMinTokenTile *
                           sizeof(float) <=
                       Config::kWeightBytes);
-        if (split > 1 && !merge_split_k(split, blockIdx.y % split, acc, smem,
+        if (split > 1 && !merge_split_k(split, blockIdx.x % split, acc, smem,
                                         &split_barriers)) {
           return;
         }

@@ -79,15 +79,15 @@ __device__ __forceinline__ bool find_slot_tile(const MoeParams& p, int index,
   return true;
 }
 
-// The CTA's tile (grid x) and its rows [kTokens], either way; false when
+// The CTA's tile (grid y) and its rows [kTokens], either way; false when
 // the launch's tile bound exceeds this call's tiles. Every thread calls it.
 template <int kTokens>
 __device__ __forceinline__ bool find_tile(const MoeParams& p, TileInfo& tile,
                                           int* rows) {
   if (p.tiling.slot_tiles) {
-    return find_slot_tile(p, blockIdx.x, kTokens, tile, rows);
+    return find_slot_tile(p, blockIdx.y, kTokens, tile, rows);
   }
-  const bool found = find_routed_tile(p, blockIdx.x, tile);
+  const bool found = find_routed_tile(p, blockIdx.y, tile);
   // Each thread below kTokens writes the row it reads first.
   if (threadIdx.x < kTokens) rows[threadIdx.x] = tile.row0 + threadIdx.x;
   return found;

@@ -117,7 +117,7 @@ struct MoeTiling {
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Down-GEMM CTAs per token tile: the grid's y.
+// Down-GEMM CTAs per token tile: the grid's x.
 HPC_MOE_HD int down_ctas_per_tile(const MoeTiling& t) {
   return static_cast<int>(ceil_div(t.down_blocks, t.down_group));
 }
