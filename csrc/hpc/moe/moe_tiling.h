@@ -4,9 +4,11 @@
 // (128 per consumer warpgroup) and the expert's tokens are the N side, so a
 // tile of a few tokens wastes no tensor-core work on padding rows. The token
 // tile width (wgmma N) is picked per call from the expected tokens per
-// expert; the route kernel cuts every expert's rows into tiles of that width,
-// and both GEMMs and their epilogues are instantiated for it. When the tiles
-// leave most SMs idle (a handful of tokens), the gate-up GEMM also splits K.
+// expert; every expert's rows are cut into tiles of that width (by the route
+// kernel, or, for a few slots, by each GEMM CTA: slot tiles), and both GEMMs
+// and their epilogues are instantiated for it. When the tiles leave most SMs
+// idle (a handful of tokens), the gate-up GEMM also splits K, each tile's
+// split CTAs one cluster.
 // The down GEMM's K is only I: a CTA per 256-row block would spend about as
 // long setting up as streaming its weights. So a down CTA may take a group
 // of its tile's row blocks, its pipeline running on from one to the next;
