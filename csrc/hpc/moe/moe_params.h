@@ -105,7 +105,7 @@ struct ScaleView {
 // One token tile of the grouped GEMMs, written by the route stage.
 struct alignas(16) TileInfo {
   int expert;
-  int row0;  // first expert-sorted row of the tile
+  int row0;  // first expert-sorted row of the tile (-1: a slot tile)
   int rows;  // rows in the tile (<= the token tile)
   int unused;
 };

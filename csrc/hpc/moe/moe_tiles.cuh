@@ -46,12 +46,13 @@ __device__ __forceinline__ bool find_slot_tile(const MoeParams& p, int index,
                                                int* rows) {
   __shared__ int expert_of[kSlotTilesMaxSlots];
   __shared__ int warp_tiles[32];
-  __shared__ TileInfo found;
+  __shared__ TileInfo found;  // row0: -1, a slot tile's rows are `rows`
+  __shared__ int found_rank;  // the rank of the tile's first slot
   const int slots = p.num_tokens * p.topk;  // <= kSlotTilesMaxSlots
   const int t = threadIdx.x;
   const int lane = t % 32;
   if (t < slots) expert_of[t] = local_expert(p, t);
-  if (t == 0) found = TileInfo{-1, 0, 0, 0};
+  if (t == 0) found = TileInfo{-1, -1, 0, 0};
   __syncthreads();
   const int expert = t < slots ? expert_of[t] : -1;
   int rank = 0;
@@ -65,10 +66,13 @@ __device__ __forceinline__ bool find_slot_tile(const MoeParams& p, int index,
   __syncthreads();
   int number = __popc(ballot & ((1u << lane) - 1));
   for (int w = 0; w < t / 32; ++w) number += warp_tiles[w];
-  if (opens && number == index) found = TileInfo{expert, rank, 0, 0};
+  if (opens && number == index) {
+    found.expert = expert;
+    found_rank = rank;
+  }
   __syncthreads();
-  const int first_rank = found.row0;
   if (found.expert < 0) return false;  // uniform over the CTA
+  const int first_rank = found_rank;
   if (expert == found.expert && rank >= first_rank &&
       rank < first_rank + width) {
     rows[rank - first_rank] = t;
