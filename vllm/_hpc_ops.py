@@ -1511,7 +1511,7 @@ class MoeTiling:
     """The run-time tiling of :func:`fused_moe_fp8` for one call (the
     ``moe_tiling`` function of ``csrc/hpc/moe/moe_tiling.h``)."""
 
-    token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..64
+    token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..128
     max_tiles: int  # token tiles over all local experts, at most
     gate_up_blocks: int  # 128-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM
@@ -1529,9 +1529,11 @@ def moe_tiling(
     hidden_size: int,
     intermediate_size: int,
     num_sms: int,
+    block_wise: bool = False,
 ) -> MoeTiling:
     """The tiling :func:`fused_moe_fp8` uses for ``num_tokens`` tokens on a
-    GPU with ``num_sms`` SMs (runs on the host; no GPU needed)."""
+    GPU with ``num_sms`` SMs, for per-tensor or (``block_wise``) block-wise
+    scaling (runs on the host; no GPU needed)."""
     _check_positive(
         num_tokens=num_tokens, num_local_experts=num_local_experts, num_sms=num_sms
     )
@@ -1552,6 +1554,7 @@ def moe_tiling(
             hidden_size,
             intermediate_size,
             num_sms,
+            bool(block_wise),
         )
     )
     values[-2:] = [bool(v) for v in values[-2:]]

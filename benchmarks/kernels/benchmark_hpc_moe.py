@@ -1015,6 +1015,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                         HIDDEN,
                         inter,
                         torch.cuda.get_device_properties(0).multi_processor_count,
+                        case.block_wise,
                     )
                 ),
             )

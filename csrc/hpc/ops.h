@@ -65,7 +65,7 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
 std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
                                 int64_t num_local_experts, int64_t num_experts,
                                 int64_t hidden_size, int64_t intermediate_size,
-                                int64_t num_sms);
+                                int64_t num_sms, bool block_wise);
 
 // Workspace bytes of fused_moe_fp8 for up to `max_tokens` tokens.
 int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,

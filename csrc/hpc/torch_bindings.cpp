@@ -37,8 +37,8 @@ TORCH_LIBRARY(_hpc_C, m) {
       "bool apply_router_weight_on_input) -> ()");
   m.def(
       "moe_tiling(int num_tokens, int topk, int num_local_experts, "
-      "int num_experts, int hidden_size, int intermediate_size, int num_sms) "
-      "-> int[]",
+      "int num_experts, int hidden_size, int intermediate_size, int num_sms, "
+      "bool block_wise=False) -> int[]",
       &hpc::moe_tiling);
   m.def(
       "moe_workspace_bytes(int max_tokens, int topk, int num_local_experts, "

@@ -140,6 +140,16 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=512, topk=8),
         spare=0,
     ),
+    # ~75 rows per expert, per-tensor: 128-token tiles (the widest, scaled
+    # once after the mainloop), the last tile of each expert partial.
+    dict(
+        name="tensor-dynamic-wide-tiles",
+        weights=dict(
+            num_experts=4, hidden_size=512, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=150, topk=2, static_a1=False),
+        spare=0,
+    ),
 ]
 
 
@@ -180,6 +190,7 @@ def main() -> int:
             weights.w13.shape[2],
             weights.w2.shape[2],
             torch.cuda.get_device_properties(0).multi_processor_count,
+            weights.block_wise,
         )
         # Twice on one workspace: the second run finds the split-K counters
         # the first one left behind.

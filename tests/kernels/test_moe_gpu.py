@@ -356,10 +356,11 @@ def test_cases_cover_every_tiling() -> None:
             c.shape.hidden,
             c.shape.inter,
             sms,
+            c.block_wise,
         )
         for c in _grid_cases() + _ep_cases() + _feature_cases()
     ]
-    assert {t.token_tile for t in tilings} == {8, 16, 32, 64}
+    assert {t.token_tile for t in tilings} == {8, 16, 32, 64, 128}
     assert any(t.gate_up_split > 1 for t in tilings)
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}

@@ -3,17 +3,18 @@
 // A CTA computes one token tile of one expert against kCtaRows = 256 weight
 // rows: out[row, tok] = sum_k W[row, k] * X[tok, k]. The weights are the
 // wgmma A operand (M: 128 rows per consumer warpgroup) and the tile's
-// tokens the B operand (N = kTokens, 8..64), both K-major FP8 in shared
+// tokens the B operand (N = kTokens, 8..128), both K-major FP8 in shared
 // memory with the 128-byte swizzle. Roles:
 //
 //   producer warp   TMA for the weight rows (a 4-D tensor map per weight,
 //                   out-of-range rows and k zero-filled), cp.async for the
 //                   token rows, gathered through the route's row list; one
 //                   mbarrier ring of kStages k-blocks of 128
-//   2 consumer WGs  wgmma per k-block into a block accumulator, then folded
-//                   into the result with that k-block's weight and
-//                   activation scales (per-tensor scales broadcast), so one
-//                   code path serves per-tensor and block-wise scaling
+//   2 consumer WGs  per-tensor: wgmma into the result, one k-block's in
+//                   flight while the next is issued, scaled once at the end;
+//                   block-wise: wgmma per k-block into a block accumulator,
+//                   folded into the result with that k-block's weight and
+//                   activation scales (tiles of at most 64 tokens)
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
@@ -58,7 +59,8 @@ struct GemmConfig {
   // the work per wave. Wide tiles need the registers of one CTA per SM.
   static constexpr bool kNarrow = kTokens <= kNarrowTile;
   static constexpr int kCtasPerSm = gemm_ctas_per_sm(kTokens);
-  static constexpr int kStages = kNarrow ? 3 : 4;
+  // The widest tile's stages and epilogue staging fit in an SM with 3.
+  static constexpr int kStages = kNarrow || kTokens > 64 ? 3 : 4;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
   // One warpgroup's weight rows and the tile's token rows, per stage.
@@ -224,16 +226,31 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
   while (published < n) publish_oldest();
 }
 
+// Per-tensor scaling: each token's activation scale times the expert's
+// weight scale (0 past the tile's rows), into `tile_scale` [kTokens], by
+// the consumer threads before their mainloop: the loads then wait behind
+// the CTA's first weight copies, not behind the last ones.
+template <bool kGateUp, int kTokens>
+__device__ void load_tile_scales(const MoeParams& p, const TileInfo& tile,
+                                 const int64_t* src, float* tile_scale) {
+  const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
+  const float w_scale = (kGateUp ? p.w13_scale : p.w2_scale).at(tile.expert, 0);
+  for (int t = threadIdx.x; t < kTokens; t += kConsumerThreads) {
+    tile_scale[t] = t < tile.rows ? w_scale * source.scale.at(src[t], 0) : 0.f;
+  }
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+}
+
 // Consumer warpgroup `wg`: acc = sum over k-blocks [kb_begin, kb_end) of
 // (W[rows of wg] . X[tokens]^T) * weight scale * activation scale, for the
 // weight rows from n0. `stage` and `phase` carry the ring's position from
-// one call to the next.
+// one call to the next. `tile_scale`: load_tile_scales()'s, per-tensor.
 template <bool kGateUp, int kTokens, class Acc, class Coord>
 __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
-                           const int64_t* src, int kb_begin, int kb_end,
-                           uint8_t* smem, uint64_t* full, uint64_t* empty,
-                           Acc& acc, const Coord& coord, int& stage,
-                           uint32_t& phase) {
+                           const int64_t* src, const float* tile_scale,
+                           int kb_begin, int kb_end, uint8_t* smem,
+                           uint64_t* full, uint64_t* empty, Acc& acc,
+                           const Coord& coord, int& stage, uint32_t& phase) {
   using namespace cute;
   using Config = GemmConfig<kTokens>;
   using Fp8 = typename Config::Fp8;
@@ -251,70 +268,110 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
   Tensor tCrA = thr.make_fragment_A(thr.partition_A(weights));  // (V,M,K,S)
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(tokens));   // (V,N,K,S)
-  Tensor blk = make_fragment_like(acc);  // one k-block, before scaling
   static_assert(decltype(size<0>(acc))::value == kTokens / 2 &&
                 decltype(size<1>(acc))::value == kWgRows / 64 &&
                 decltype(size<2>(acc))::value == 1);
-  clear(acc);
-
-  const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
-  const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
-  // Weight rows of this warpgroup, for its 128 x 128 scale block.
-  const int64_t w_row =
-      kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
-
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
-    // This k-block's scales, loaded before the stage wait so that their
-    // latency hides behind it: after the wgmma they would stall every
-    // k-block by an L2 round trip. Accumulator values are ((column pair,
-    // row half, 8-column group), 64-row block, 1): the token depends on the
-    // first and third only.
-    const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
-    float scale[kTokens / 8][2];
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
-        scale[j][c] = tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
-      }
-    }
-
-    FullBarrier::wait(&full[stage], phase);
-    warpgroup_fence_operand(blk);
-    warpgroup_arrive();
-    mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int k = 0; k < size<2>(tCrA); ++k) {
-      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(blk);
-    __syncwarp();
-    if (lane == 0) EmptyBarrier::arrive(&empty[stage]);
-
-#pragma unroll
-    for (int j = 0; j < kTokens / 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const float s = sw * scale[j][c];
-#pragma unroll
-        for (int m = 0; m < kWgRows / 64; ++m) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const auto v = make_coord(make_coord(c, h, j), m, 0);
-            acc(v) += blk(v) * s;
-          }
-        }
-      }
-    }
+  auto advance = [&] {
     if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;
     }
+  };
+  auto release = [&](int s) {
+    __syncwarp();
+    if (lane == 0) EmptyBarrier::arrive(&empty[s]);
+  };
+
+  if constexpr (kTokens <= kMaxBlockWiseTokenTile) {
+    if (p.block_wise) {
+      // Block-wise: each k-block's product goes into `blk`, then is folded
+      // into the result with that k-block's weight and activation scales.
+      const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
+      const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
+      // Weight rows of this warpgroup, for its 128 x 128 scale block.
+      const int64_t w_row =
+          kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
+      // The activation scale of the token of accumulator value (c, j):
+      // values are ((column pair, row half, 8-column group), 64-row block,
+      // 1), and the token depends on the first and third only.
+      auto token_scale = [&](int c, int j, int kb) {
+        const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
+        return tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
+      };
+      Tensor blk = make_fragment_like(acc);
+      clear(acc);
+      for (int kb = kb_begin; kb < kb_end; ++kb) {
+        // Loaded before the stage wait so that their latency hides behind
+        // it: after the wgmma they would stall every k-block by an L2 round
+        // trip.
+        const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+        float scale[kTokens / 8][2];
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) scale[j][c] = sw * token_scale(c, j, kb);
+        }
+
+        FullBarrier::wait(&full[stage], phase);
+        warpgroup_fence_operand(blk);
+        warpgroup_arrive();
+        mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+        for (int k = 0; k < size<2>(tCrA); ++k) {
+          gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(blk);
+        release(stage);
+
+#pragma unroll
+        for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+#pragma unroll
+            for (int m = 0; m < kWgRows / 64; ++m) {
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const auto v = make_coord(make_coord(c, h, j), m, 0);
+                acc(v) += blk(v) * scale[j][c];
+              }
+            }
+          }
+        }
+        advance();
+      }
+      return;
+    }
   }
+
+  // Per-tensor: the scales are the same for every k-block, so the wgmma
+  // accumulate in place, one k-block's wgmma staying in flight while the
+  // next k-block's are issued, and the scales apply once at the end.
+  clear(acc);
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  int in_flight = -1;  // the stage of the k-block whose wgmma may still run
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    FullBarrier::wait(&full[stage], phase);
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+#pragma unroll
+    for (int k = 0; k < size<2>(tCrA); ++k) {
+      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(acc);
+    if (in_flight >= 0) release(in_flight);
+    in_flight = stage;
+    advance();
+  }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+  if (in_flight >= 0) release(in_flight);
+#pragma unroll
+  for (int i = 0; i < size(acc); ++i) acc(i) *= tile_scale[get<1>(coord(i))];
 }
 
 }  // namespace moe

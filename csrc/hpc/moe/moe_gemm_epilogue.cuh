@@ -123,7 +123,9 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
   for (int i = 0; i < kValues; ++i) acc(i) = silu(acc(i)) * up[i * 128 + t];
   named_barrier_sync(kGateBarrier, 128);  // every up value read
 
-  if (p.block_wise) {
+  // Block-wise calls run tiles of at most kMaxBlockWiseTokenTile tokens.
+  constexpr bool kMayBeBlockWise = kTokens <= kMaxBlockWiseTokenTile;
+  if (kMayBeBlockWise && p.block_wise) {
     // Amax per token over the 128 columns: lanes of one quad hold other
     // tokens, lanes 4 apart the same ones, so reduce over lane bits 2..4.
 #pragma unroll
@@ -150,7 +152,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
     const int row = cute::get<0>(coord(i));
     const int tok = cute::get<1>(coord(i));
     float scale = static_scale;
-    if (p.block_wise) {
+    if (kMayBeBlockWise && p.block_wise) {
       const float m = __int_as_float(token_amax[tok]);  // the scale above
       scale = dynamic_scale(m);
     }

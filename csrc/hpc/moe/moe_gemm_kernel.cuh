@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];
   __shared__ int tile_rows[kTokens];
+  __shared__ float tile_scale[kTokens];  // per-tensor: load_tile_scales()
   __shared__ SplitBarriers split_barriers;
 
   const int warp = threadIdx.x / 32;
@@ -133,11 +134,13 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   // Read now, behind this CTA's first weight copies: in the epilogue the
   // load would wait for all the copies its SM then has in flight.
   const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
+  if (!p.block_wise)
+    load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
   for (int block = range.block_begin; block < range.block_end; ++block) {
     const int n0 = block_row<kGateUp>(block);
-    mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, range.kb_begin,
-                                 range.kb_end, smem, full, empty, acc, coord,
-                                 stage, phase);
+    mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, tile_scale,
+                                 range.kb_begin, range.kb_end, smem, full,
+                                 empty, acc, coord, stage, phase);
     if constexpr (kGateUp) {
       if constexpr (kTokens == kMinTokenTile) {
         // The leader's stage buffers hold the others' partial sums.

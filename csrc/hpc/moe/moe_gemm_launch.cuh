@@ -70,6 +70,8 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
       return launch_gemm_tile<kGateUp, 32>(p, weights, stream);
     case 64:
       return launch_gemm_tile<kGateUp, 64>(p, weights, stream);
+    case 128:
+      return launch_gemm_tile<kGateUp, 128>(p, weights, stream);
     default:
       throw std::invalid_argument("fused_moe_fp8: unsupported token tile");
   }

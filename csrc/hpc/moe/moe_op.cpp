@@ -56,12 +56,12 @@ int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,
 std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
                                 int64_t num_local_experts, int64_t num_experts,
                                 int64_t hidden_size, int64_t intermediate_size,
-                                int64_t num_sms) {
+                                int64_t num_sms, bool block_wise) {
   const moe::MoeTiling t = moe::moe_tiling(
       static_cast<int>(num_tokens), static_cast<int>(topk),
       static_cast<int>(num_local_experts), static_cast<int>(num_experts),
       static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
-      static_cast<int>(num_sms));
+      static_cast<int>(num_sms), block_wise);
   return {t.token_tile,  t.max_tiles,  t.gate_up_blocks, t.gate_up_split,
           t.down_blocks, t.down_group, t.decode,         t.slot_tiles};
 }
@@ -135,9 +135,9 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
   p.out_type = moe_dtype(out);
   TORCH_CHECK(p.out_type != ElemType::kFp8E4m3);
 
-  p.tiling = moe::moe_tiling(p.num_tokens, p.topk, p.num_experts,
-                             static_cast<int>(global_num_experts), p.hidden,
-                             p.inter, current_device_info().sm_count);
+  p.tiling = moe::moe_tiling(
+      p.num_tokens, p.topk, p.num_experts, static_cast<int>(global_num_experts),
+      p.hidden, p.inter, current_device_info().sm_count, p.block_wise);
   // Offsets for this call's token count fit in a workspace sized for more.
   p.layout = layout_for(p.num_tokens, p.topk, p.num_experts, p.hidden, p.inter);
   TORCH_CHECK(workspace.numel() >= p.layout.bytes());

@@ -36,7 +36,11 @@ constexpr int kWgRows = 128;      // weight rows per consumer warpgroup
 constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
 constexpr int kMaxTopk = 16;
 constexpr int kMinTokenTile = 8;
-constexpr int kMaxTokenTile = 64;
+constexpr int kMaxTokenTile = 128;
+// Block-wise scaling folds each k-block's partial product into the result
+// with its scales, which takes a second accumulator: the widest tile whose
+// two accumulators fit in a consumer thread's registers.
+constexpr int kMaxBlockWiseTokenTile = 64;
 // K ranges of a split gate-up tile, at most: its CTAs are one cluster (8 at
 // most, portably), and the leader's stage buffers take the others' partial
 // sums (splitting is only chosen for 8-token tiles).
@@ -103,11 +107,15 @@ HPC_MOE_HD GateUpSmemLayout gate_up_smem_layout(int num_tokens, int hidden) {
 // know any tile cost more than a few tokens' tiles take to find.
 constexpr int kSlotTilesMaxSlots = 128;
 
+// Standard deviations of margin on the experts a rank expects a batch to
+// hit, when choosing the gate-up split (moe_tiling()).
+constexpr double kSplitMarginSigmas = 1.5;
+
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
 
 struct MoeTiling {
-  int token_tile;      // tokens per GEMM tile: 8, 16, 32 or 64
+  int token_tile;      // tokens per GEMM tile: 8, 16, 32, 64 or 128
   int max_tiles;       // tiles over all local experts, at most (grid size)
   int gate_up_blocks;  // 128-column blocks of the intermediate
   int gate_up_split;   // K ranges of the gate-up GEMM, each its own CTA
@@ -127,15 +135,16 @@ HPC_MOE_HD int down_ctas_per_tile(const MoeTiling& t) {
 // num_experts: experts of the whole model (the router's range); the rank
 // holds num_local_experts of them.
 inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
-                            int num_experts, int hidden, int inter,
-                            int num_sms) {
+                            int num_experts, int hidden, int inter, int num_sms,
+                            bool block_wise) {
   MoeTiling t{};
   const int64_t rows = int64_t(num_tokens) * topk;  // routed rows, at most
   const int64_t all_experts = std::max(num_experts, num_local_experts);
   // Rows per expert when the router spreads tokens evenly.
   const int64_t per_expert = ceil_div(rows, all_experts);
+  const int widest = block_wise ? kMaxBlockWiseTokenTile : kMaxTokenTile;
   t.token_tile = kMinTokenTile;
-  while (t.token_tile < per_expert && t.token_tile < kMaxTokenTile) {
+  while (t.token_tile < per_expert && t.token_tile < widest) {
     t.token_tile *= 2;
   }
   // An expert with c rows takes ceil(c / tile) tiles, so all tiles number
@@ -145,12 +154,29 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   t.gate_up_blocks = static_cast<int>(ceil_div(inter, kWgRows));
   t.down_blocks = static_cast<int>(ceil_div(hidden, kCtaRows));
 
-  // Gate-up CTAs expected with an even spread; split K when they would
-  // leave CTA slots idle (a few tokens), keeping two k-blocks per split.
-  const int64_t local_rows = ceil_div(rows * num_local_experts, all_experts);
-  const int64_t active = std::min<int64_t>(num_local_experts, local_rows);
-  const int64_t tiles = active * ceil_div(per_expert, t.token_tile);
-  const int64_t ctas = tiles * t.gate_up_blocks;
+  // Tiles expected with an even spread of this rank's rows.
+  const int64_t tiles_per_expert = ceil_div(per_expert, t.token_tile);
+  const int64_t tiles =
+      std::min<int64_t>(num_local_experts,
+                        ceil_div(rows * num_local_experts, all_experts)) *
+      tiles_per_expert;
+
+  // Split the gate-up GEMM's K when its CTAs would leave CTA slots idle (a
+  // few tokens), keeping two k-blocks per split. With experts spread over
+  // ranks, how many of this rank's experts a batch hits varies from call to
+  // call: the split is sized for kSplitMarginSigmas standard deviations
+  // above the expected count (each of a uniform router's rows misses a given
+  // expert with probability 1 - 1 / all_experts), since a split tile more
+  // than the CTA slots hold takes a second wave.
+  const double hit = 1.0 - std::pow(1.0 - 1.0 / all_experts, double(rows));
+  const double spread =
+      num_local_experts < all_experts
+          ? kSplitMarginSigmas * std::sqrt(num_local_experts * hit * (1 - hit))
+          : 0.0;
+  const int64_t experts_expected = std::min<int64_t>(
+      num_local_experts,
+      static_cast<int64_t>(std::ceil(num_local_experts * hit + spread)));
+  const int64_t ctas = experts_expected * tiles_per_expert * t.gate_up_blocks;
   const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
   int split = 1;
   const int64_t slots = int64_t(num_sms) * gemm_ctas_per_sm(t.token_tile);
