@@ -10,11 +10,11 @@
 //                   out-of-range rows and k zero-filled), cp.async for the
 //                   token rows, gathered through the route's row list; one
 //                   mbarrier ring of kStages k-blocks of 128
-//   2 consumer WGs  per-tensor: wgmma into the result, one k-block's in
-//                   flight while the next is issued, scaled once at the end;
-//                   block-wise: wgmma per k-block into a block accumulator,
-//                   folded into the result with that k-block's weight and
-//                   activation scales (tiles of at most 64 tokens)
+//   2 consumer WGs  wgmma per k-block into a block accumulator, folded
+//                   into the result with that k-block's weight and
+//                   activation scales (per-tensor ones broadcast); the
+//                   128-token tiles (per-tensor only) have no room for the
+//                   block accumulator and scale the result once at the end
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
@@ -61,6 +61,11 @@ struct GemmConfig {
   static constexpr int kCtasPerSm = gemm_ctas_per_sm(kTokens);
   // The widest tile's stages and epilogue staging fit in an SM with 3.
   static constexpr int kStages = kNarrow || kTokens > 64 ? 3 : 4;
+  // Tiles wider than block-wise calls take (moe_tiling.h) have no room for
+  // a second accumulator: per-tensor scaling only, applied after the
+  // mainloop (load_tile_scales()). Narrower ones fold every k-block's
+  // product into the result with its scales, for either scaling.
+  static constexpr bool kScaleOnce = kTokens > kMaxBlockWiseTokenTile;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
   // One warpgroup's weight rows and the tile's token rows, per stage.
@@ -282,96 +287,91 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     if (lane == 0) EmptyBarrier::arrive(&empty[s]);
   };
 
-  if constexpr (kTokens <= kMaxBlockWiseTokenTile) {
-    if (p.block_wise) {
-      // Block-wise: each k-block's product goes into `blk`, then is folded
-      // into the result with that k-block's weight and activation scales.
-      const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
-      const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
-      // Weight rows of this warpgroup, for its 128 x 128 scale block.
-      const int64_t w_row =
-          kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
-      // The activation scale of the token of accumulator value (c, j):
-      // values are ((column pair, row half, 8-column group), 64-row block,
-      // 1), and the token depends on the first and third only.
-      auto token_scale = [&](int c, int j, int kb) {
-        const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
-        return tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
-      };
-      Tensor blk = make_fragment_like(acc);
-      clear(acc);
-      for (int kb = kb_begin; kb < kb_end; ++kb) {
-        // Loaded before the stage wait so that their latency hides behind
-        // it: after the wgmma they would stall every k-block by an L2 round
-        // trip.
-        const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
-        float scale[kTokens / 8][2];
+  if constexpr (!Config::kScaleOnce) {
+    // Each k-block's product goes into `blk`, then is folded into the
+    // result with that k-block's weight and activation scales.
+    const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
+    const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
+    // Weight rows of this warpgroup, for its 128 x 128 scale block.
+    const int64_t w_row =
+        kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
+    // The activation scale of the token of accumulator value (c, j):
+    // values are ((column pair, row half, 8-column group), 64-row block,
+    // 1), and the token depends on the first and third only.
+    auto token_scale = [&](int c, int j, int kb) {
+      const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
+      return tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
+    };
+    Tensor blk = make_fragment_like(acc);
+    clear(acc);
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
+      // Loaded before the stage wait so that their latency hides behind
+      // it: after the wgmma they would stall every k-block by an L2 round
+      // trip.
+      const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+      float scale[kTokens / 8][2];
 #pragma unroll
-        for (int j = 0; j < kTokens / 8; ++j) {
+      for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) scale[j][c] = sw * token_scale(c, j, kb);
-        }
+        for (int c = 0; c < 2; ++c) scale[j][c] = sw * token_scale(c, j, kb);
+      }
 
-        FullBarrier::wait(&full[stage], phase);
-        warpgroup_fence_operand(blk);
-        warpgroup_arrive();
-        mma.accumulate_ = GMMA::ScaleOut::Zero;
+      FullBarrier::wait(&full[stage], phase);
+      warpgroup_fence_operand(blk);
+      warpgroup_arrive();
+      mma.accumulate_ = GMMA::ScaleOut::Zero;
 #pragma unroll
-        for (int k = 0; k < size<2>(tCrA); ++k) {
-          gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
-          mma.accumulate_ = GMMA::ScaleOut::One;
-        }
-        warpgroup_commit_batch();
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(blk);
-        release(stage);
+      for (int k = 0; k < size<2>(tCrA); ++k) {
+        gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(blk);
+      release(stage);
 
 #pragma unroll
-        for (int j = 0; j < kTokens / 8; ++j) {
+      for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
+        for (int c = 0; c < 2; ++c) {
 #pragma unroll
-            for (int m = 0; m < kWgRows / 64; ++m) {
+          for (int m = 0; m < kWgRows / 64; ++m) {
 #pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const auto v = make_coord(make_coord(c, h, j), m, 0);
-                acc(v) += blk(v) * scale[j][c];
-              }
+            for (int h = 0; h < 2; ++h) {
+              const auto v = make_coord(make_coord(c, h, j), m, 0);
+              acc(v) += blk(v) * scale[j][c];
             }
           }
         }
-        advance();
       }
-      return;
+      advance();
     }
-  }
-
-  // Per-tensor: the scales are the same for every k-block, so the wgmma
-  // accumulate in place, one k-block's wgmma staying in flight while the
-  // next k-block's are issued, and the scales apply once at the end.
-  clear(acc);
-  mma.accumulate_ = GMMA::ScaleOut::One;
-  int in_flight = -1;  // the stage of the k-block whose wgmma may still run
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
-    FullBarrier::wait(&full[stage], phase);
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
+  } else {
+    // Per-tensor only: the scales are the same for every k-block, so the
+    // wgmma accumulate in place and the scales apply once at the end. Each
+    // stage is released as soon as its wgmma are done: the producer
+    // publishes a stage only once it has issued the token copies of the
+    // next kStages - 1, so a consumer holding one stage while waiting for
+    // the next would stall it.
+    clear(acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
+      FullBarrier::wait(&full[stage], phase);
+      warpgroup_fence_operand(acc);
+      warpgroup_arrive();
 #pragma unroll
-    for (int k = 0; k < size<2>(tCrA); ++k) {
-      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
+      for (int k = 0; k < size<2>(tCrA); ++k) {
+        gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc);
+      release(stage);
+      advance();
     }
-    warpgroup_commit_batch();
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(acc);
-    if (in_flight >= 0) release(in_flight);
-    in_flight = stage;
-    advance();
-  }
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
-  if (in_flight >= 0) release(in_flight);
 #pragma unroll
-  for (int i = 0; i < size(acc); ++i) acc(i) *= tile_scale[get<1>(coord(i))];
+    for (int i = 0; i < size(acc); ++i) acc(i) *= tile_scale[get<1>(coord(i))];
+  }
 }
 
 }  // namespace moe

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];
   __shared__ int tile_rows[kTokens];
-  __shared__ float tile_scale[kTokens];  // per-tensor: load_tile_scales()
+  __shared__ float tile_scale[Config::kScaleOnce ? kTokens : 1];
   __shared__ SplitBarriers split_barriers;
 
   const int warp = threadIdx.x / 32;
@@ -134,8 +134,9 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   // Read now, behind this CTA's first weight copies: in the epilogue the
   // load would wait for all the copies its SM then has in flight.
   const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
-  if (!p.block_wise)
+  if constexpr (Config::kScaleOnce) {
     load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
+  }
   for (int block = range.block_begin; block < range.block_end; ++block) {
     const int n0 = block_row<kGateUp>(block);
     mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, tile_scale,
