@@ -1543,7 +1543,7 @@ def moe_tiling(
             f"num_experts ({num_experts}) must be >= num_local_experts "
             f"({num_local_experts})"
         )
-    _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
+    _check_moe_dims(hidden_size, intermediate_size, block_wise=block_wise)
     _require_moe_op()
     values = list(
         torch.ops._hpc_C.moe_tiling(

@@ -683,6 +683,8 @@ def test_tiling_covers_every_routing(config: str, routing: str) -> None:
 @pytest.mark.parametrize("block_wise", [False, True])
 def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
     local, experts, topk, hidden, inter = W3_CONFIGS[config]
+    if block_wise:  # 128 x 128 weight blocks: tp8 block-wise runs I = 256
+        inter = math.ceil(inter / 128) * 128
     last_tile = 0
     for tokens in (*W3_TOKENS, 3, 257, 16384):
         t = hpc_ops.moe_tiling(
@@ -777,6 +779,7 @@ def test_tiling_w3_choices() -> None:
         (dict(num_experts=4), "num_experts"),
         (dict(topk=0), "topk"),
         (dict(hidden_size=200), "hidden_size"),
+        (dict(intermediate_size=192, block_wise=True), "intermediate_size"),
     ],
 )
 def test_tiling_validation(kwargs: dict, match: str) -> None:
