@@ -93,10 +93,11 @@ struct GemmConfig {
   static constexpr int kBytes = kStagingOffset + kStagingBytes + 1024;
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
-  // up to 1 KB of static shared memory (barriers, the tile's rows and
-  // sources, find_slot_tile()'s tables: 0.8-0.9 KB by ptxas for the narrow
-  // tiles that share an SM; the wide ones, alone on theirs, up to 1.5 KB).
-  static_assert(kCtasPerSm * (kBytes + 1024 + 1024) <= 228 * 1024);
+  // the static shared memory (barriers, the tile's rows, sources and
+  // scales, find_slot_tile()'s tables; by ptxas 0.8-0.9 KB for the narrow
+  // tiles that share an SM, up to 2.8 KB for the wide ones).
+  static constexpr int kStaticBytes = kNarrow ? 1024 : 3 * 1024;
+  static_assert(kCtasPerSm * (kBytes + 1024 + kStaticBytes) <= 228 * 1024);
 };
 
 // The k-blocks a CTA runs: k-blocks [kb_begin, kb_end) of each weight row
