@@ -8,6 +8,7 @@
 
 namespace hpc {
 
+// The shared::cta address of `ptr` (this CTA's shared memory).
 __device__ __forceinline__ uint32_t smem_address(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }

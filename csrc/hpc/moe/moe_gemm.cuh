@@ -35,6 +35,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
+#include "common/cluster.cuh"
 #include "common/pdl.cuh"
 #include "common/sync.cuh"
 #include "moe/moe_params.h"
@@ -121,10 +122,10 @@ __device__ __forceinline__ int block_row(int block) {
 
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
                                                  bool valid) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
-               "l"(gmem), "r"(valid ? 16 : 0)
-               : "memory");
+  asm volatile(
+      "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(smem)),
+      "l"(gmem), "r"(valid ? 16 : 0)
+      : "memory");
 }
 
 // Weight boxes of k-block `kb` into `stage`, by one thread: the first
