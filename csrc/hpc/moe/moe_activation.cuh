@@ -7,7 +7,9 @@ namespace hpc {
 namespace moe {
 
 __device__ __forceinline__ float silu(float x) {
-  return x / (1.f + __expf(-x));
+  // The fast division: an IEEE one branches to a slow path for tiny and
+  // huge operands. (For x < -88 the denominator is infinite: h = -0.)
+  return __fdividef(x, 1.f + __expf(-x));
 }
 
 }  // namespace moe

@@ -31,6 +31,16 @@ __device__ __forceinline__ float group_scale16(const float (&v)[8]) {
   return dynamic_scale(amax);
 }
 
+// x / d rounded to nearest, for a normal d and r = 1 / d rounded to nearest:
+// x * r corrected by one FMA (Markstein), which is exact wherever the
+// quotient is normal; subnormal quotients round to FP8 zero either way.
+// __fdiv_rn branches to a slow path for zero and tiny dividends, which the
+// padded token columns of a GEMM tile are full of.
+__device__ __forceinline__ float divide_rn(float x, float d, float r) {
+  const float q = x * r;
+  return fmaf(fmaf(-q, d, x), r, q);
+}
+
 // Rounds x / scale to E4M3 (saturating), 8 values to 8 bytes. A true
 // division, not a multiplication by 1 / scale: bf16 inputs often divide to
 // an exact rounding tie, which the reciprocal's rounding error would tip.

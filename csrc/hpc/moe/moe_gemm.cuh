@@ -47,7 +47,6 @@ namespace moe {
 constexpr int kConsumerThreads = 2 * 128;
 constexpr int kGemmThreads = kConsumerThreads + 32;  // + producer warp
 constexpr int kConsumerBarrier = 1;  // named barrier of both warpgroups
-constexpr int kGateBarrier = 2;      // named barrier of warpgroup 0
 
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 using EmptyBarrier = cutlass::arch::ClusterBarrier;
@@ -128,6 +127,14 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
       : "memory");
 }
 
+// An arrival on `bar` once every cp.async this thread issued so far has
+// landed, counted among the barrier's expected arrivals (.noinc).
+__device__ __forceinline__ void cp_async_arrive_on_landing(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(
+                   smem_address(bar))
+               : "memory");
+}
+
 // Weight boxes of k-block `kb` into `stage`, by one thread: the first
 // stages go out as soon as the tile is known, before the token rows are.
 template <bool kGateUp, int kTokens>
@@ -154,8 +161,7 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
 
 // Producer warp: weight rows by TMA (the first kStages k-blocks' already
 // issued by the kernel), token rows by cp.async, for every k-block of
-// `range`. A lane marks a stage full once its own cp.async copies landed
-// and are fenced for the tensor cores' async proxy.
+// `range`.
 template <bool kGateUp, int kTokens>
 __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                             const TileInfo& tile, const int64_t* src,
@@ -185,21 +191,13 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
             : nullptr;
   }
 
-  // The token copies of kCopyLag stages stay in flight: stage i is
-  // published (the lane arrives on its full barrier) once its copies have
-  // landed, after those of stage i + kCopyLag went out. Waiting for each
-  // stage's copies before issuing the next would hold the producer to one
-  // L2 round trip per stage. (The producer reuses stage i's buffers only
-  // after the consumers released it, which follows its publication.)
-  constexpr int kCopyLag = Config::kStages - 1;
+  // Each lane's token copies of a stage arrive on the stage's full barrier
+  // once they land (one of its 32 lane arrivals), so the producer never
+  // waits for its own copies: it only waits for a stage's release before
+  // refilling it, and every stage not being read has its copies in flight.
   const int n = range.size();
   int stage = 0;
   uint32_t phase = 0;
-  int published = 0;
-  auto publish_oldest = [&] {
-    FullBarrier::arrive(&full[published % Config::kStages]);
-    ++published;
-  };
   for (int i = 0; i < n; ++i) {
     const int kb = range.kb(i);
     if (i >= Config::kStages) {
@@ -217,20 +215,13 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
       cp_async16_zfill(&tokens(chunk_row[c], chunk_k[c], stage),
                        valid ? chunk_src[c] + kb * kTileK : source.base, valid);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    if (i >= kCopyLag) {
-      asm volatile("cp.async.wait_group %0;" ::"n"(kCopyLag) : "memory");
-      cutlass::arch::fence_view_async_shared();
-      publish_oldest();
-    }
+    cp_async_arrive_on_landing(&full[stage]);
     if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;
     }
   }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
-  cutlass::arch::fence_view_async_shared();
-  while (published < n) publish_oldest();
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // Per-tensor scaling: each token's activation scale times the expert's
@@ -319,6 +310,9 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       }
 
       FullBarrier::wait(&full[stage], phase);
+      // The token rows were written by cp.async (the generic proxy); the
+      // wgmma read them through the async proxy.
+      cutlass::arch::fence_view_async_shared();
       warpgroup_fence_operand(blk);
       warpgroup_arrive();
       mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -350,15 +344,14 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     }
   } else {
     // Per-tensor only: the scales are the same for every k-block, so the
-    // wgmma accumulate in place and the scales apply once at the end. Each
-    // stage is released as soon as its wgmma are done: the producer
-    // publishes a stage only once it has issued the token copies of the
-    // next kStages - 1, so a consumer holding one stage while waiting for
-    // the next would stall it.
+    // wgmma accumulate in place, one k-block's staying in flight while the
+    // next k-block's are issued, and the scales apply once at the end.
     clear(acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
+    int in_flight = -1;  // the stage whose wgmma may still be running
     for (int kb = kb_begin; kb < kb_end; ++kb) {
       FullBarrier::wait(&full[stage], phase);
+      cutlass::arch::fence_view_async_shared();
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
 #pragma unroll
@@ -366,11 +359,15 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
         gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
       }
       warpgroup_commit_batch();
-      warpgroup_wait<0>();
+      warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
-      release(stage);
+      if (in_flight >= 0) release(in_flight);
+      in_flight = stage;
       advance();
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+    if (in_flight >= 0) release(in_flight);
 #pragma unroll
     for (int i = 0; i < size(acc); ++i) acc(i) *= tile_scale[get<1>(coord(i))];
   }

@@ -91,86 +91,136 @@ __device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
   return false;
 }
 
+// Float index of column `col` of token `tok` in gate_up_epilogue()'s staged
+// h values, [kTokens][128] with 8-column groups swizzled by the token's bits
+// 1..2: the four tokens a warp's quads write at once fall in other banks.
+__device__ __forceinline__ int staged_h_index(int tok, int col) {
+  return tok * kWgRows + (col ^ (((tok >> 1) & 3) << 3));
+}
+
 // `rows`: the tile's rows (moe_tiles.cuh). `static_scale`: the
 // intermediate's per-tensor scale (unused block-wise), read by the caller
 // before its mainloop.
+//
+// Both warpgroups finish half the columns: warpgroup w takes the w-th 64-row
+// block of its accumulator (columns 64w..64w+63 of the 128) and trades the
+// other block through shared memory, so the epilogue, which the CTA's next
+// loads wait behind, runs on all eight consumer warps. The h values are then
+// staged by token row, and each thread quantizes 16 columns of one token
+// (one scale) into two 8-byte stores.
 template <int kTokens, class Acc, class Coord>
 __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
                                  const int* rows, int n0, float static_scale,
                                  Acc& acc, const Coord& coord,
                                  uint8_t* staging) {
+  using cute::get;
   constexpr int kValues = kAccValues<Acc>;
-  static_assert(kValues * 128 * sizeof(float) == kTokens * kCtaRows * 2);
+  static_assert(decltype(cute::size<1>(acc))::value == 2 &&
+                kValues * 128 * sizeof(float) == kTokens * kCtaRows * 2);
+  constexpr int kBlockValues = kValues / 2;  // one 64-row block's
   const int wg = threadIdx.x / 128;
   const int t = threadIdx.x % 128;
-  // The up values, then (once read) the FP8 rows in their place.
-  float* up = reinterpret_cast<float*>(staging);  // [kValues][128]
-  uint8_t* staged = staging;                      // [kTokens][128]
+  // [warpgroup][value][thread]: warpgroup 0's gate values of block 1 and
+  // warpgroup 1's up values of block 0; then the h values [kTokens][128].
+  float* staged = reinterpret_cast<float*>(staging);
   int* token_amax =
       reinterpret_cast<int*>(staging + kValues * 128 * sizeof(float));
+  // f(Int<m>) for block m: the accumulator is indexed by compile-time
+  // blocks only, which keeps it in registers.
+  auto on_block = [](int m, auto&& f) {
+    if (m == 0) {
+      f(cute::Int<0>{});
+    } else {
+      f(cute::Int<1>{});
+    }
+  };
 
-  // Both warpgroups are past their wgmma before the exchange.
+  // Both warpgroups are past their wgmma (and the previous tile's stores
+  // have read the staging area) before the trade.
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-  if (wg == 1) {
+  on_block(1 - wg, [&](auto m) {
 #pragma unroll
-    for (int i = 0; i < kValues; ++i) up[i * 128 + t] = acc(i);
-  }
-  if (t < kTokens && wg == 0) token_amax[t] = 0;
+    for (int v = 0; v < kBlockValues; ++v) {
+      staged[(wg * kBlockValues + v) * 128 + t] = acc(v, m, 0);
+    }
+  });
+  const bool block_wise = kTokens <= kMaxBlockWiseTokenTile && p.block_wise;
+  if (block_wise && threadIdx.x < kTokens) token_amax[threadIdx.x] = 0;
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-  if (wg == 1) return;
 
+  // h = SiLU(gate) * up for block `wg`.
+  const float* other = staged + (1 - wg) * kBlockValues * 128;
+  on_block(wg, [&](auto m) {
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) acc(i) = silu(acc(i)) * up[i * 128 + t];
-  named_barrier_sync(kGateBarrier, 128);  // every up value read
-
-  // Block-wise calls run tiles of at most kMaxBlockWiseTokenTile tokens.
-  constexpr bool kMayBeBlockWise = kTokens <= kMaxBlockWiseTokenTile;
-  if (kMayBeBlockWise && p.block_wise) {
-    // Amax per token over the 128 columns: lanes of one quad hold other
-    // tokens, lanes 4 apart the same ones, so reduce over lane bits 2..4.
-#pragma unroll
-    for (int i = 0; i < kValues; ++i) {
-      float m = fabsf(acc(i));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-      if (t % 32 < 4) {
-        atomicMax(&token_amax[cute::get<1>(coord(i))], __float_as_int(m));
+    for (int v = 0; v < kBlockValues; ++v) {
+      const float theirs = other[v * 128 + t];
+      if constexpr (m == 0) {
+        acc(v, m, 0) = silu(acc(v, m, 0)) * theirs;
+      } else {
+        acc(v, m, 0) = silu(theirs) * acc(v, m, 0);
       }
     }
-    named_barrier_sync(kGateBarrier, 128);
-    float* inter_scale =
-        reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
-    if (t < tile.rows) {
-      const float m = __int_as_float(token_amax[t]);
-      inter_scale[int64_t(rows[t]) * ceil_div(p.inter, kScaleBlock) +
-                  n0 / kScaleBlock] = dynamic_scale(m);
-    }
-  }
+  });
+  if (block_wise) {
+    // Amax per token over the 128 columns: lanes of one quad hold other
+    // tokens, lanes 4 apart the same ones, so reduce over lane bits 2..4.
+    on_block(wg, [&](auto m) {
 #pragma unroll
-  for (int i = 0; i < kValues; ++i) {
-    const int row = cute::get<0>(coord(i));
-    const int tok = cute::get<1>(coord(i));
-    float scale = static_scale;
-    if (kMayBeBlockWise && p.block_wise) {
-      const float m = __int_as_float(token_amax[tok]);  // the scale above
-      scale = dynamic_scale(m);
-    }
-    // Divided, as the quantize stage does (moe_quantize.cuh).
-    staged[tok * kWgRows + row] = __nv_cvt_float_to_fp8(
-        __fdiv_rn(acc(i), scale), __NV_SATFINITE, __NV_E4M3);
+      for (int v = 0; v < kBlockValues; ++v) {
+        float a = fabsf(acc(v, m, 0));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
+        if (t % 32 < 4) {
+          atomicMax(&token_amax[get<1>(coord(v, m, 0))], __float_as_int(a));
+        }
+      }
+    });
   }
-  named_barrier_sync(kGateBarrier, 128);
+  // Every traded value read.
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+  on_block(wg, [&](auto m) {
+#pragma unroll
+    for (int v = 0; v < kBlockValues; ++v) {
+      const auto c = coord(v, m, 0);
+      staged[staged_h_index(get<1>(c), get<0>(c))] = acc(v, m, 0);
+    }
+  });
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 
-  // 16-byte chunks of the tile's intermediate rows, columns [n0, n0 + 128).
+  // 16 columns of a token row per thread: the intermediate's columns
+  // [n0, n0 + 128), and block-wise, the token's scale of that group.
   uint8_t* inter = p.workspace + p.layout.inter_q();
+  float* inter_scale =
+      reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
   constexpr int kChunks = kWgRows / 16;
-  for (int c = t; c < kTokens * kChunks; c += 128) {
-    const int tok = c / kChunks;
-    const int col = n0 + (c % kChunks) * 16;
-    if (tok < tile.rows && col < p.inter) {
-      *reinterpret_cast<uint4*>(inter + int64_t(rows[tok]) * p.inter + col) =
-          *reinterpret_cast<const uint4*>(staged + tok * kWgRows + col - n0);
+  for (int i = threadIdx.x; i < kTokens * kChunks; i += kConsumerThreads) {
+    const int tok = i / kChunks;
+    const int col = (i % kChunks) * 16;
+    if (tok >= tile.rows || n0 + col >= p.inter) continue;
+    float scale = static_scale;
+    if (block_wise) {
+      scale = dynamic_scale(__int_as_float(token_amax[tok]));
+      if (col == 0) {
+        inter_scale[int64_t(rows[tok]) * ceil_div(p.inter, kScaleBlock) +
+                    n0 / kScaleBlock] = scale;
+      }
+    }
+    const float rcp = __frcp_rn(scale);
+    uint8_t* dst = inter + int64_t(rows[tok]) * p.inter + n0 + col;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float h[8];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float4 f = *reinterpret_cast<const float4*>(
+            staged + staged_h_index(tok, col + 8 * half + 4 * q));
+        h[4 * q] = divide_rn(f.x, scale, rcp);
+        h[4 * q + 1] = divide_rn(f.y, scale, rcp);
+        h[4 * q + 2] = divide_rn(f.z, scale, rcp);
+        h[4 * q + 3] = divide_rn(f.w, scale, rcp);
+      }
+      store8_fp8(dst + 8 * half, h, 1.f);
     }
   }
 }
