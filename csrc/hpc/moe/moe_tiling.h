@@ -113,6 +113,12 @@ constexpr double kSplitMarginSigmas = 1.5;
 
 // k-blocks a down-GEMM CTA streams at least, where the tiles allow.
 constexpr int kMinCtaKBlocks = 8;
+// With many waves of down-GEMM CTAs, row blocks are grouped further, up to
+// this many k-blocks a CTA: its pipeline fills once per group, and each
+// block's epilogue overlaps the next block's loads. Below kMinGroupedWaves
+// the lost spread over the SMs costs more (tp8 at 64-1024 tokens).
+constexpr int kMaxGroupedKBlocks = 24;
+constexpr int kMinGroupedWaves = 8;
 
 struct MoeTiling {
   int token_tile;      // tokens per GEMM tile: 8, 16, 32, 64 or 128
@@ -195,6 +201,12 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   while (t.down_group < t.down_blocks &&
          t.down_group * down_k_blocks < kMinCtaKBlocks &&
          tiles * ceil_div(t.down_blocks, 2 * t.down_group) >= slots) {
+    t.down_group *= 2;
+  }
+  while (t.down_group < t.down_blocks &&
+         2 * t.down_group * down_k_blocks <= kMaxGroupedKBlocks &&
+         tiles * ceil_div(t.down_blocks, 2 * t.down_group) >=
+             kMinGroupedWaves * slots) {
     t.down_group *= 2;
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
