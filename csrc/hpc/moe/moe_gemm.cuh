@@ -8,13 +8,15 @@
 //
 //   producer warp   TMA for the weight rows (a 4-D tensor map per weight,
 //                   out-of-range rows and k zero-filled), cp.async for the
-//                   token rows, gathered through the route's row list; one
+//                   token rows, gathered through the route's row list and
+//                   arriving on the stage's barrier as they land; one
 //                   mbarrier ring of kStages k-blocks of 128
 //   2 consumer WGs  wgmma per k-block into a block accumulator, folded
 //                   into the result with that k-block's weight and
 //                   activation scales (per-tensor ones broadcast); the
 //                   128-token tiles (per-tensor only) have no room for the
-//                   block accumulator and scale the result once at the end
+//                   block accumulator: they accumulate in place, one
+//                   k-block's wgmma in flight, and scale once at the end
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K

@@ -12,7 +12,8 @@
 //   gate_up_epilogue   h = SiLU(gate) * up, quantized to FP8 (static
 //                      per-tensor scale, or 1 x 128 groups: the CTA's 128
 //                      columns are one group of each token), stored to the
-//                      intermediate by row (moe_tiles.cuh)
+//                      intermediate by row (moe_tiles.cuh); both
+//                      warpgroups take half the columns
 //   down_epilogue      16-bit rows of each (token, expert) pair for the
 //                      top-k reduction
 #pragma once
