@@ -102,7 +102,7 @@ HPC_MOE_HD GateUpSmemLayout gate_up_smem_layout(int num_tokens, int hidden) {
 
 // Slot tiles (no route stage): for a batch of at most this many routed
 // slots (token * topk + j), each GEMM CTA finds its tile from the router's
-// ids itself (moe_slot_tiles.cuh), and a routed row is identified by its
+// ids itself (moe_tiles.cuh), and a routed row is identified by its
 // slot. The route kernel's launch and its run before the gate-up GEMM may
 // know any tile cost more than a few tokens' tiles take to find.
 constexpr int kSlotTilesMaxSlots = 128;
@@ -194,19 +194,18 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   t.gate_up_split = split;
 
   // Down row blocks per CTA: doubled while a CTA would stream fewer than
-  // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles still fill
-  // every slot.
+  // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles would still
+  // fill every slot, or, up to kMaxGroupedKBlocks, make kMinGroupedWaves
+  // waves.
   const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
+  auto down_group_may_double = [&](int group) {
+    const int64_t ctas = tiles * ceil_div(t.down_blocks, 2 * group);
+    return (group * down_k_blocks < kMinCtaKBlocks && ctas >= slots) ||
+           (2 * group * down_k_blocks <= kMaxGroupedKBlocks &&
+            ctas >= kMinGroupedWaves * slots);
+  };
   t.down_group = 1;
-  while (t.down_group < t.down_blocks &&
-         t.down_group * down_k_blocks < kMinCtaKBlocks &&
-         tiles * ceil_div(t.down_blocks, 2 * t.down_group) >= slots) {
-    t.down_group *= 2;
-  }
-  while (t.down_group < t.down_blocks &&
-         2 * t.down_group * down_k_blocks <= kMaxGroupedKBlocks &&
-         tiles * ceil_div(t.down_blocks, 2 * t.down_group) >=
-             kMinGroupedWaves * slots) {
+  while (t.down_group < t.down_blocks && down_group_may_double(t.down_group)) {
     t.down_group *= 2;
   }
   t.down_group = std::min(t.down_group, t.down_blocks);
@@ -219,9 +218,8 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   const int decode_ctas_per_sm =
       std::min(kDecodeMaxCtasPerSm, kSmemPerSm / smem);
   if (num_tokens <= kDecodeMaxTokens && decode_ctas_per_sm >= 1) {
-    const double miss = std::pow(1.0 - 1.0 / all_experts, double(rows));
     const int64_t experts = std::max<int64_t>(
-        1, static_cast<int64_t>(std::ceil(num_local_experts * (1.0 - miss))));
+        1, static_cast<int64_t>(std::ceil(num_local_experts * hit)));
     t.decode = experts * ceil_div(inter, kDecodeColumns) <=
                int64_t(decode_ctas_per_sm) * num_sms;
   }
