@@ -277,6 +277,12 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       phase ^= 1;
     }
   };
+  // The stage's copies have landed. The token rows were written by cp.async
+  // (the generic proxy); the wgmma read them through the async proxy.
+  auto acquire = [&] {
+    FullBarrier::wait(&full[stage], phase);
+    cutlass::arch::fence_view_async_shared();
+  };
   auto release = [&](int s) {
     __syncwarp();
     if (lane == 0) EmptyBarrier::arrive(&empty[s]);
@@ -311,10 +317,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
         for (int c = 0; c < 2; ++c) scale[j][c] = sw * token_scale(c, j, kb);
       }
 
-      FullBarrier::wait(&full[stage], phase);
-      // The token rows were written by cp.async (the generic proxy); the
-      // wgmma read them through the async proxy.
-      cutlass::arch::fence_view_async_shared();
+      acquire();
       warpgroup_fence_operand(blk);
       warpgroup_arrive();
       mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -352,8 +355,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     mma.accumulate_ = GMMA::ScaleOut::One;
     int in_flight = -1;  // the stage whose wgmma may still be running
     for (int kb = kb_begin; kb < kb_end; ++kb) {
-      FullBarrier::wait(&full[stage], phase);
-      cutlass::arch::fence_view_async_shared();
+      acquire();
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
 #pragma unroll
