@@ -1515,6 +1515,7 @@ class MoeTiling:
     max_tiles: int  # token tiles over all local experts, at most
     gate_up_blocks: int  # 128-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM
+    gate_up_group: int  # column blocks per gate-up CTA (1 when K is split)
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
     decode: bool  # a few tokens: the decode path instead

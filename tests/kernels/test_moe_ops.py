@@ -705,6 +705,9 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
         # while the CTAs run many waves.
         if t.down_group > 1:
             assert t.down_group * math.ceil(inter / 128) <= 24
+        # Gate-up CTAs take two column blocks at most, never with split K.
+        assert t.gate_up_group in (1, 2)
+        assert t.gate_up_group == 1 or t.gate_up_split == 1
         assert t.max_tiles >= 1
         if t.decode:  # a few tokens (and one wave of gate-up CTAs)
             assert tokens <= 16
@@ -765,6 +768,13 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp1", 1024).down_group == 2
     assert tiling("tp8", 1024).down_group == 4
     assert tiling("ep8", 4096).down_group == 1
+    # Gate-up CTAs take two column blocks at 8 waves or more: tp1 with 512
+    # tokens and more (192 tiles x 6 pairs of 12 blocks over 132 slots).
+    assert tiling("tp1", 512).gate_up_group == 2
+    assert tiling("tp1", 4096).gate_up_group == 2
+    assert tiling("tp1", 256).gate_up_group == 1
+    assert tiling("tp8", 4096).gate_up_group == 1  # 2 blocks: 384 CTAs
+    assert tiling("tp1", 1).gate_up_group == 1  # split K
     # Tokens per expert grow with the batch: 256 x 8 / 192 = 11 -> 16.
     assert tiling("tp1", 256).token_tile == 16
     # 4096 x 8 / 192 = 171 rows per expert: 128-token tiles per-tensor, 64

@@ -60,6 +60,10 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
       (p.tiling.gate_up_split > 1 && p.tiling.token_tile != kMinTokenTile)) {
     throw std::invalid_argument("fused_moe_fp8: split-K tiling out of range");
   }
+  if (p.tiling.gate_up_group < 1 ||
+      (p.tiling.gate_up_group > 1 && p.tiling.gate_up_split > 1)) {
+    throw std::invalid_argument("fused_moe_fp8: gate-up grouping out of range");
+  }
   if (p.block_wise && p.tiling.token_tile > kMaxBlockWiseTokenTile) {
     throw std::invalid_argument(
         "fused_moe_fp8: token tile too wide for block-wise scaling");

@@ -20,10 +20,10 @@
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
-// may be split over CTAs (moe_tiling.h). A down-GEMM CTA may take several
-// row blocks of its tile in turn (a WorkRange); the stage ring runs on
-// across them, so the next block's weights stream in during this one's
-// epilogue.
+// may be split over CTAs (moe_tiling.h). A CTA may take several blocks of
+// its tile in turn (a WorkRange: down row blocks, or unsplit gate-up column
+// blocks); the stage ring runs on across them, so the next block's weights
+// stream in during this one's epilogue.
 // Epilogues: moe_gemm_epilogue.cuh.
 #pragma once
 
@@ -103,8 +103,9 @@ struct GemmConfig {
 };
 
 // The k-blocks a CTA runs: k-blocks [kb_begin, kb_end) of each weight row
-// block in [block_begin, block_end), block by block. Gate-up: one 128-column
-// block (and its K range, when K is split); down: a group of 256-row blocks.
+// block in [block_begin, block_end), block by block. Gate-up: a group of
+// 128-column blocks, or one and its K range when K is split; down: a group
+// of 256-row blocks.
 struct WorkRange {
   int block_begin, block_end;
   int kb_begin, kb_end;

@@ -72,13 +72,15 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __syncthreads();  // barriers initialized before the producer's first copy
   if (split > 1) cluster_sync();  // ... and before any remote arrival
 
-  // Gate-up: x = column block x K split. Down: x = group of row blocks.
+  // Gate-up: x = group of column blocks x K split (one of them is 1).
+  // Down: x = group of row blocks.
   WorkRange range;
   if constexpr (kGateUp) {
     const int k_blocks = ceil_div(p.hidden, kTileK);
     const int split_index = blockIdx.x % split;
-    range.block_begin = blockIdx.x / split;
-    range.block_end = range.block_begin + 1;
+    range.block_begin = blockIdx.x / split * p.tiling.gate_up_group;
+    range.block_end = min(range.block_begin + p.tiling.gate_up_group,
+                          p.tiling.gate_up_blocks);
     range.kb_begin = split_index * k_blocks / split;
     range.kb_end = (split_index + 1) * k_blocks / split;
   } else {

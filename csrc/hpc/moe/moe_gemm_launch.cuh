@@ -44,14 +44,14 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
   // Narrow tiles: kNarrowTileCtasPerSm CTAs side by side.
   configure_smem(kernel, kSmem, "fused_moe_fp8");
   const MoeTiling& t = p.tiling;
-  // x: column block x K split (gate-up) or group of row blocks (down),
+  // x: group of column blocks x K split (gate-up) or group of row blocks
+  // (down),
   // y: token tile. The CTAs launch x first: a tile's CTAs together (the
   // tiles of an expert follow each other, sharing its weights in L2), and
   // those past this call's tiles, which only exit, after every working one.
   // (max_tiles bounds the tiles; a small or skewed batch needs far fewer.)
-  const dim3 grid(
-      kGateUp ? t.gate_up_blocks * t.gate_up_split : down_ctas_per_tile(t),
-      t.max_tiles);
+  const dim3 grid(kGateUp ? gate_up_ctas_per_tile(t) : down_ctas_per_tile(t),
+                  t.max_tiles);
   // A split gate-up tile's CTAs (consecutive in x) form a cluster.
   const dim3 cluster(kGateUp ? t.gate_up_split : 1, 1);
   launch_with_pdl_clustered(kernel, grid, dim3(kGemmThreads), kSmem, stream,

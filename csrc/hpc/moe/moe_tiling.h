@@ -119,12 +119,16 @@ constexpr int kMinCtaKBlocks = 8;
 // the lost spread over the SMs costs more (tp8 at 64-1024 tokens).
 constexpr int kMaxGroupedKBlocks = 24;
 constexpr int kMinGroupedWaves = 8;
+// Gate-up column blocks per CTA at most, grouped (kMinGroupedWaves and up)
+// so that one block's epilogue runs under the next block's first loads.
+constexpr int kMaxGateUpGroup = 2;
 
 struct MoeTiling {
   int token_tile;      // tokens per GEMM tile: 8, 16, 32, 64 or 128
   int max_tiles;       // tiles over all local experts, at most (grid size)
   int gate_up_blocks;  // 128-column blocks of the intermediate
   int gate_up_split;   // K ranges of the gate-up GEMM, each its own CTA
+  int gate_up_group;   // column blocks per gate-up CTA (1 when K is split)
   int down_blocks;     // 256-row blocks of the hidden dimension
   int down_group;      // row blocks per down-GEMM CTA
   bool decode;         // the decode path instead of route + grouped GEMMs
@@ -132,6 +136,13 @@ struct MoeTiling {
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Gate-up CTAs per token tile: the grid's x (a split tile's CTAs are
+// consecutive).
+HPC_MOE_HD int gate_up_ctas_per_tile(const MoeTiling& t) {
+  return static_cast<int>(ceil_div(t.gate_up_blocks, t.gate_up_group)) *
+         t.gate_up_split;
+}
 
 // Down-GEMM CTAs per token tile: the grid's x.
 HPC_MOE_HD int down_ctas_per_tile(const MoeTiling& t) {
@@ -192,6 +203,15 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     split = std::max(split, 1);
   }
   t.gate_up_split = split;
+  // Column blocks per gate-up CTA: with many waves of unsplit CTAs, a CTA
+  // takes kMaxGateUpGroup blocks in turn, its ring running on across them.
+  t.gate_up_group = 1;
+  while (split == 1 && t.gate_up_group < kMaxGateUpGroup &&
+         t.gate_up_group < t.gate_up_blocks &&
+         tiles * ceil_div(t.gate_up_blocks, 2 * t.gate_up_group) >=
+             kMinGroupedWaves * slots) {
+    t.gate_up_group *= 2;
+  }
 
   // Down row blocks per CTA: doubled while a CTA would stream fewer than
   // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles would still
