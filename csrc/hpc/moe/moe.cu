@@ -2,8 +2,12 @@
 // chained to the previous one with programmatic dependent launch. A few
 // tokens take the decode path; more, route + grouped GEMMs + reduce (a
 // small batch without the route: slot tiles, moe_tiles.cuh).
+#include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
+#include "common/cuda_check.h"
+#include "common/device_info.h"
 #include "common/pdl.cuh"
 #include "common/smem_config.h"
 #include "moe/moe.h"
@@ -21,10 +25,18 @@ namespace {
 
 void launch_quantize(const MoeParams& p, cudaStream_t stream) {
   if (!quantize_stage_runs(p)) return;
-  launch_with_pdl(
-      moe_quantize_kernel,
-      dim3((p.num_tokens + kQuantTokensPerCta - 1) / kQuantTokensPerCta),
-      dim3(kQuantWarps * 32), 0, stream, p);
+  // At most one resident wave (moe_quantize_kernel loops over the rest).
+  static const int ctas_per_sm = [] {
+    int n = 0;
+    HPC_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, moe_quantize_kernel, kQuantWarps * 32, 0));
+    return std::max(n, 1);
+  }();
+  const int64_t ctas = ceil_div(p.num_tokens, kQuantTokensPerCta);
+  const int64_t resident =
+      int64_t(ctas_per_sm) * current_device_info().sm_count;
+  launch_with_pdl(moe_quantize_kernel, dim3(std::min(ctas, resident)),
+                  dim3(kQuantWarps * 32), 0, stream, p);
 }
 
 // gate-up (quantizing a 16-bit input itself) -> down.

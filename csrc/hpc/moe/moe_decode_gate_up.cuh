@@ -272,6 +272,7 @@ __global__ void __maxnreg__(104) moe_decode_gate_up_kernel(const MoeParams p) {
   const float lane_up_scale =
       holds_group ? p.w13_scale.at(expert, up_block, range.first + lane) : 0.f;
   const float inter_scale = p.block_wise ? 1.f : *p.a2_scale;
+  const float inter_rcp = __frcp_rn(inter_scale);
   __syncthreads();  // the column list
 
   for (int first = 0; first < num_columns; first += layout.b_rows) {
@@ -344,8 +345,9 @@ __global__ void __maxnreg__(104) moe_decode_gate_up_kernel(const MoeParams p) {
             reinterpret_cast<float*>(p.workspace +
                                      p.layout.decode_inter())[at] = h;
           } else {  // divided, as the quantize stage does
-            p.workspace[p.layout.inter_q() + at] = __nv_cvt_float_to_fp8(
-                __fdiv_rn(h, inter_scale), __NV_SATFINITE, __NV_E4M3);
+            p.workspace[p.layout.inter_q() + at] =
+                __nv_cvt_float_to_fp8(divide_rn(h, inter_scale, inter_rcp),
+                                      __NV_SATFINITE, __NV_E4M3);
           }
         }
       }

@@ -41,13 +41,15 @@ __device__ __forceinline__ float divide_rn(float x, float d, float r) {
   return fmaf(fmaf(-q, d, x), r, q);
 }
 
-// Rounds x / scale to E4M3 (saturating), 8 values to 8 bytes. A true
-// division, not a multiplication by 1 / scale: bf16 inputs often divide to
-// an exact rounding tie, which the reciprocal's rounding error would tip.
+// Rounds x / scale to E4M3 (saturating), 8 values to 8 bytes. The quotient
+// is correctly rounded (divide_rn), not a bare product with 1 / scale: bf16
+// inputs often divide to an exact rounding tie, which the reciprocal's
+// rounding error would tip.
 __device__ __forceinline__ void store8_fp8_divided(uint8_t* dst, float (&v)[8],
                                                    float scale) {
+  const float rcp = __frcp_rn(scale);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __fdiv_rn(v[i], scale);
+  for (int i = 0; i < 8; ++i) v[i] = divide_rn(v[i], scale, rcp);
   store8_fp8(dst, v, 1.f);
 }
 

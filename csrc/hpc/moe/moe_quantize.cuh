@@ -150,8 +150,14 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     pdl_wait_for_producer();
     pdl_launch_dependents();
   }
-  const int first = blockIdx.x * kQuantTokensPerCta;
-  quantize_tokens(p, first, min(first + kQuantTokensPerCta, p.num_tokens));
+  // The grid is sized to be resident at once (launch_quantize()): a CTA
+  // holds its slot until its PDL wait, after the route, so a second wave
+  // would start only then.
+  for (int first = blockIdx.x * kQuantTokensPerCta; first < p.num_tokens;
+       first += gridDim.x * kQuantTokensPerCta) {
+    quantize_tokens(p, first, min(first + kQuantTokensPerCta, p.num_tokens));
+    __syncthreads();  // token_scale read before the next tokens' pass
+  }
   if (!first_stage) {
     pdl_wait_for_producer();
     pdl_launch_dependents();
