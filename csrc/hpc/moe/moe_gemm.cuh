@@ -162,14 +162,32 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
   }
 }
 
+// The token rows of k-block `kb` into `stage` by TMA, by one thread: the
+// down GEMM on routed tiles, whose rows are consecutive rows of the
+// intermediate. Rows past the tile's (the next expert's, stale ones, or
+// zeros) meet a zero scale and are not stored. Its own arrival on the full
+// barrier: the weights' may come before the PDL wait, these only after.
+template <int kTokens>
+__device__ void load_token_rows(const CUtensorMap* token_rows,
+                                const TileInfo& tile, int kb, int stage,
+                                uint64_t* full, uint8_t* smem) {
+  using Config = GemmConfig<kTokens>;
+  FullBarrier::arrive_and_expect_tx(&full[stage], Config::kTokenStageBytes);
+  cute::SM90_TMA_LOAD_4D::copy(
+      token_rows, &full[stage],
+      static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+      smem + Config::kWeightBytes + stage * Config::kTokenStageBytes,
+      kb * kTileK, tile.row0, 0, 0);
+}
+
 // Producer warp: weight rows by TMA (the first kStages k-blocks' already
-// issued by the kernel), token rows by cp.async, for every k-block of
-// `range`.
+// issued by the kernel), token rows by cp.async (with `token_rows`, by TMA:
+// load_token_rows()), for every k-block of `range`.
 template <bool kGateUp, int kTokens>
 __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
-                            const TileInfo& tile, const int64_t* src,
-                            const WorkRange& range, uint8_t* smem,
-                            uint64_t* full, uint64_t* empty) {
+                            const CUtensorMap* token_rows, const TileInfo& tile,
+                            const int64_t* src, const WorkRange& range,
+                            uint8_t* smem, uint64_t* full, uint64_t* empty) {
   using Config = GemmConfig<kTokens>;
   const int lane = threadIdx.x % 32;
   const int K = kGateUp ? p.hidden : p.inter;
@@ -211,14 +229,21 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                                        stage, full, smem);
       }
     }
+    if (token_rows) {
+      if (lane == 0) {
+        load_token_rows<kTokens>(token_rows, tile, kb, stage, full, smem);
+      }
+    } else {
 #pragma unroll
-    for (int c = 0; c < Config::kChunksPerLane; ++c) {
-      const int k = kb * kTileK + chunk_k[c];
-      const bool valid = chunk_src[c] != nullptr && k < K;
-      cp_async16_zfill(&tokens(chunk_row[c], chunk_k[c], stage),
-                       valid ? chunk_src[c] + kb * kTileK : source.base, valid);
+      for (int c = 0; c < Config::kChunksPerLane; ++c) {
+        const int k = kb * kTileK + chunk_k[c];
+        const bool valid = chunk_src[c] != nullptr && k < K;
+        cp_async16_zfill(&tokens(chunk_row[c], chunk_k[c], stage),
+                         valid ? chunk_src[c] + kb * kTileK : source.base,
+                         valid);
+      }
+      cp_async_arrive_on_landing(&full[stage]);
     }
-    cp_async_arrive_on_landing(&full[stage]);
     if (++stage == Config::kStages) {
       stage = 0;
       phase ^= 1;

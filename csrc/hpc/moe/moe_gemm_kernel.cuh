@@ -37,7 +37,8 @@ __device__ __forceinline__ bool tile_source_complete(const MoeParams& p) {
 template <bool kGateUp, int kTokens>
 __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
     moe_gemm_kernel(const __grid_constant__ MoeParams p,
-                    const __grid_constant__ CUtensorMap weights) {
+                    const __grid_constant__ CUtensorMap weights,
+                    const __grid_constant__ CUtensorMap token_rows) {
   using namespace cute;
   using Config = GemmConfig<kTokens>;
   static_assert(kGemmThreads >= kSlotTilesMaxSlots);  // find_slot_tile()
@@ -55,11 +56,20 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   const bool tma_thread = threadIdx.x == kConsumerThreads;
   // Gate-up with split K: the split CTAs of a tile are one cluster.
   const int split = kGateUp ? p.tiling.gate_up_split : 1;
-  if (tma_thread) prefetch_tma_descriptor(&weights);
+  // The down GEMM's routed tiles are consecutive rows of the intermediate:
+  // their token rows come by TMA with the weights.
+  const CUtensorMap* tma_tokens =
+      !kGateUp && !p.tiling.slot_tiles ? &token_rows : nullptr;
+  if (tma_thread) {
+    prefetch_tma_descriptor(&weights);
+    if (tma_tokens) prefetch_tma_descriptor(tma_tokens);
+  }
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Config::kStages; ++s) {
-      FullBarrier::init(&full[s], 1 + 32);  // expect_tx + producer lanes
+      // The weights' expect_tx, and the token rows' (one more expect_tx,
+      // or the producer lanes' cp.async arrivals).
+      FullBarrier::init(&full[s], tma_tokens ? 2 : 1 + 32);
       EmptyBarrier::init(&empty[s], kConsumerThreads / 32);
     }
     if (split > 1) {
@@ -121,8 +131,8 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __syncthreads();
 
   if (warp == kConsumerThreads / 32) {
-    load_stages<kGateUp, kTokens>(p, &weights, tile, token_src, range, smem,
-                                  full, empty);
+    load_stages<kGateUp, kTokens>(p, &weights, tma_tokens, tile, token_src,
+                                  range, smem, full, empty);
     return;
   }
 

@@ -36,6 +36,20 @@ CUtensorMap weight_tensor_map(const MoeParams& p) {
   }
 }
 
+// The intermediate [rows, I] as the down GEMM's token rows: boxes of
+// kTokens rows x 128 bytes, 128-byte swizzle; rows past the call's slots
+// and k past I are zero-filled (stale rows below them: zero scales).
+template <int kTokens>
+CUtensorMap inter_rows_tensor_map(const MoeParams& p) {
+  const uint64_t I = p.inter, rows = uint64_t(p.num_tokens) * p.topk;
+  const uint64_t dims[4] = {I, rows, 1, 1};
+  const uint64_t strides[3] = {I, rows * I, rows * I};
+  const uint32_t box[4] = {kTileK, kTokens, 1, 1};
+  return make_tensor_map_4d(p.workspace + p.layout.inter_q(),
+                            CU_TENSOR_MAP_DATA_TYPE_UINT8, dims, strides, box,
+                            CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
 template <bool kGateUp, int kTokens>
 void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
                       cudaStream_t stream) {
@@ -54,8 +68,12 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
                   t.max_tiles);
   // A split gate-up tile's CTAs (consecutive in x) form a cluster.
   const dim3 cluster(kGateUp ? t.gate_up_split : 1, 1);
+  // The down GEMM's routed tiles read their token rows by TMA; the others
+  // ignore the second map (the weights' stands in).
+  const CUtensorMap token_rows =
+      !kGateUp && !t.slot_tiles ? inter_rows_tensor_map<kTokens>(p) : weights;
   launch_with_pdl_clustered(kernel, grid, dim3(kGemmThreads), kSmem, stream,
-                            cluster, p, weights);
+                            cluster, p, weights, token_rows);
 }
 
 template <bool kGateUp>
