@@ -1516,8 +1516,10 @@ class MoeTiling:
     gate_up_blocks: int  # 128-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM
     gate_up_group: int  # column blocks per gate-up CTA (1 when K is split)
+    gate_up_ctas_per_sm: int  # gate-up CTAs sharing an SM (1, 2 or 3)
     down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
+    down_ctas_per_sm: int  # down-GEMM CTAs sharing an SM (1, 2 or 3)
     decode: bool  # a few tokens: the decode path instead
     slot_tiles: bool  # few routed slots: grouped GEMMs without a route stage
 

@@ -141,6 +141,17 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=512, topk=8),
         spare=0,
     ),
+    # ~2.7 rows on each of 192 experts: 8-token tiles, more of them than
+    # two CTAs per SM hold, so both GEMMs run three CTAs per SM with two
+    # stages each; block-wise.
+    dict(
+        name="block-three-ctas-per-sm",
+        weights=dict(
+            num_experts=192, hidden_size=1024, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(num_tokens=64, topk=8),
+        spare=0,
+    ),
     # ~75 rows per expert, per-tensor: 128-token tiles (the widest, scaled
     # once after the mainloop), the last tile of each expert partial.
     dict(

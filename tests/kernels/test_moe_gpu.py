@@ -344,8 +344,9 @@ def test_case_ids_are_unique() -> None:
 
 def test_cases_cover_every_tiling() -> None:
     """The cases reach every token tile of the grouped GEMMs, 8-token tiles
-    with and without split K, gate-up and down-GEMM CTAs of one and of
-    several blocks, and the decode path (the tiling of this GPU)."""
+    with and without split K and at two and three CTAs per SM, gate-up and
+    down-GEMM CTAs of one and of several blocks, and the decode path (the
+    tiling of this GPU)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tilings = [
         moe_tiling(
@@ -365,6 +366,10 @@ def test_cases_cover_every_tiling() -> None:
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}
     assert {t.gate_up_group == 1 for t in tilings} == {True, False}
+    # 8-token tiles at two and at three CTAs per SM, in both GEMMs.
+    grouped_8 = [t for t in tilings if t.token_tile == 8 and not t.decode]
+    assert {t.gate_up_ctas_per_sm for t in grouped_8} == {2, 3}
+    assert {t.down_ctas_per_sm for t in grouped_8} == {2, 3}
     assert {t.decode for t in tilings} == {True, False}
     # The grouped path with and without the route stage.
     assert {t.slot_tiles for t in tilings if not t.decode} == {True, False}

@@ -708,6 +708,12 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
         # Gate-up CTAs take two column blocks at most, never with split K.
         assert t.gate_up_group in (1, 2)
         assert t.gate_up_group == 1 or t.gate_up_split == 1
+        # CTAs per SM: two for narrow tiles, one for wide ones; three only
+        # for 8-token tiles, never with split K.
+        usual = 2 if t.token_tile <= 16 else 1
+        for ctas_per_sm in (t.gate_up_ctas_per_sm, t.down_ctas_per_sm):
+            assert ctas_per_sm == usual or (t.token_tile == 8 and ctas_per_sm == 3)
+        assert t.gate_up_ctas_per_sm == 2 or t.gate_up_split == 1
         assert t.max_tiles >= 1
         if t.decode:  # a few tokens (and one wave of gate-up CTAs)
             assert tokens <= 16
@@ -750,13 +756,27 @@ def test_tiling_w3_choices() -> None:
     # for 7, split 3 (252 CTAs); eight tokens on 6.8: room for 11, split 2.
     assert tiling("ep8", 4).gate_up_split == 3
     assert tiling("ep8", 8).gate_up_split == 2
+    # A GEMM of 8-token tiles with more CTAs than the 264 slots runs three
+    # CTAs per SM (396 slots): tp8 with 64 tokens (~183 experts x 2 column
+    # blocks; ~192 tiles x 4 down groups), and the down GEMM at 8 tokens
+    # (~64 tiles x 16 row blocks ungrouped). Fewer keep two (tp1 with one
+    # token: 8 tiles x 16 row blocks; a split gate-up).
+    assert tiling("tp8", 64).gate_up_ctas_per_sm == 3
+    assert tiling("tp8", 64).down_ctas_per_sm == 3
+    assert tiling("ep8", 64).gate_up_ctas_per_sm == 3
+    assert tiling("tp8", 8).gate_up_ctas_per_sm == 2
+    assert tiling("tp8", 8).down_ctas_per_sm == 3
+    assert tiling("tp1", 1).gate_up_ctas_per_sm == 2
+    assert tiling("tp1", 1).down_ctas_per_sm == 2
+    assert tiling("tp8", 256).gate_up_ctas_per_sm == 2  # 16-token tiles
+    assert tiling("tp1", 4096).down_ctas_per_sm == 1  # 128-token tiles
     # Up to 16 tokens (128 slots) the grouped path runs without the route.
     assert tiling("tp1", 1).slot_tiles and tiling("tp8", 16).slot_tiles
     assert not tiling("tp8", 32).slot_tiles
     assert not tiling("tp8", 1).slot_tiles  # the decode path
     # Down CTAs (I = 192: two k-blocks per row block): one 256-row block
     # each while the tiles are few; more, up to 8 k-blocks a CTA, while the
-    # CTAs still fill the 264 slots. I = 1536 is long enough alone.
+    # CTAs still fill the slots. I = 1536 is long enough alone.
     assert tiling("tp8", 1).down_group == 1  # 8 tiles x 16 blocks
     assert tiling("tp8", 8).down_group == 2  # ~64 tiles x 8 groups
     assert tiling("tp8", 64).down_group == 4  # ~192 tiles x 4 groups

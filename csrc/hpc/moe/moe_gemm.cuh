@@ -53,16 +53,26 @@ constexpr int kConsumerBarrier = 1;  // named barrier of both warpgroups
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
-template <int kTokens>
+// kCtasPerSm: CTAs sharing an SM (moe_tiling.h: gemm_ctas_per_sm(), or
+// kDenseMinTileCtasPerSm for 8-token tiles chosen so by the tiling).
+template <int kTokenTile, int kCtasPerSmValue>
 struct GemmConfig {
+  static constexpr int kTokens = kTokenTile;
+  static constexpr int kCtasPerSm = kCtasPerSmValue;
   static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
+  static_assert(kCtasPerSm == gemm_ctas_per_sm(kTokens) ||
+                (kTokens == kMinTokenTile &&
+                 kCtasPerSm == kDenseMinTileCtasPerSm));
   // Narrow tiles keep few accumulators: two CTAs per SM with 3 stages each
   // put more weight bytes in flight per SM than one CTA with 5, and halve
   // the work per wave. Wide tiles need the registers of one CTA per SM.
   static constexpr bool kNarrow = kTokens <= kNarrowTile;
-  static constexpr int kCtasPerSm = gemm_ctas_per_sm(kTokens);
   // The widest tile's stages and epilogue staging fit in an SM with 3.
-  static constexpr int kStages = kNarrow || kTokens > 64 ? 3 : 4;
+  // Three 8-token CTAs share an SM with 2 each: the same weight bytes in
+  // flight per SM as two CTAs with 3, in 1.5x the CTA slots.
+  static constexpr int kStages = kCtasPerSm == kDenseMinTileCtasPerSm
+                                     ? 2
+                                     : (kNarrow || kTokens > 64 ? 3 : 4);
   // Tiles wider than block-wise calls take (moe_tiling.h) have no room for
   // a second accumulator: per-tensor scaling only, applied after the
   // mainloop (load_tile_scales()). Narrower ones fold every k-block's
@@ -140,11 +150,10 @@ __device__ __forceinline__ void cp_async_arrive_on_landing(uint64_t* bar) {
 
 // Weight boxes of k-block `kb` into `stage`, by one thread: the first
 // stages go out as soon as the tile is known, before the token rows are.
-template <bool kGateUp, int kTokens>
+template <bool kGateUp, class Config>
 __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
                              const TileInfo& tile, int n0, int kb, int stage,
                              uint64_t* full, uint8_t* smem) {
-  using Config = GemmConfig<kTokens>;
   // The down GEMM's last row block may end past H (H % 256 == 128): its
   // second warpgroup then gets no rows, computes on stale shared memory and
   // stores nothing. (A gate-up block always starts below I.)
@@ -167,11 +176,10 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
 // intermediate. Rows past the tile's (the next expert's, stale ones, or
 // zeros) meet a zero scale and are not stored. Its own arrival on the full
 // barrier: the weights' may come before the PDL wait, these only after.
-template <int kTokens>
+template <class Config>
 __device__ void load_token_rows(const CUtensorMap* token_rows,
                                 const TileInfo& tile, int kb, int stage,
                                 uint64_t* full, uint8_t* smem) {
-  using Config = GemmConfig<kTokens>;
   FullBarrier::arrive_and_expect_tx(&full[stage], Config::kTokenStageBytes);
   cute::SM90_TMA_LOAD_4D::copy(
       token_rows, &full[stage],
@@ -183,12 +191,11 @@ __device__ void load_token_rows(const CUtensorMap* token_rows,
 // Producer warp: weight rows by TMA (the first kStages k-blocks' already
 // issued by the kernel), token rows by cp.async (with `token_rows`, by TMA:
 // load_token_rows()), for every k-block of `range`.
-template <bool kGateUp, int kTokens>
+template <bool kGateUp, class Config>
 __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                             const CUtensorMap* token_rows, const TileInfo& tile,
                             const int64_t* src, const WorkRange& range,
                             uint8_t* smem, uint64_t* full, uint64_t* empty) {
-  using Config = GemmConfig<kTokens>;
   const int lane = threadIdx.x % 32;
   const int K = kGateUp ? p.hidden : p.inter;
   const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
@@ -224,14 +231,14 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
     if (i >= Config::kStages) {
       EmptyBarrier::wait(&empty[stage], phase ^ 1);
       if (lane == 0) {
-        load_weights<kGateUp, kTokens>(p, weights, tile,
-                                       block_row<kGateUp>(range.block(i)), kb,
-                                       stage, full, smem);
+        load_weights<kGateUp, Config>(p, weights, tile,
+                                      block_row<kGateUp>(range.block(i)), kb,
+                                      stage, full, smem);
       }
     }
     if (token_rows) {
       if (lane == 0) {
-        load_token_rows<kTokens>(token_rows, tile, kb, stage, full, smem);
+        load_token_rows<Config>(token_rows, tile, kb, stage, full, smem);
       }
     } else {
 #pragma unroll
@@ -271,14 +278,14 @@ __device__ void load_tile_scales(const MoeParams& p, const TileInfo& tile,
 // (W[rows of wg] . X[tokens]^T) * weight scale * activation scale, for the
 // weight rows from n0. `stage` and `phase` carry the ring's position from
 // one call to the next. `tile_scale`: load_tile_scales()'s, per-tensor.
-template <bool kGateUp, int kTokens, class Acc, class Coord>
+template <bool kGateUp, class Config, class Acc, class Coord>
 __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
                            const int64_t* src, const float* tile_scale,
                            int kb_begin, int kb_end, uint8_t* smem,
                            uint64_t* full, uint64_t* empty, Acc& acc,
                            const Coord& coord, int& stage, uint32_t& phase) {
   using namespace cute;
-  using Config = GemmConfig<kTokens>;
+  constexpr int kTokens = Config::kTokens;
   using Fp8 = typename Config::Fp8;
   const int wg = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;

@@ -34,13 +34,13 @@ __device__ __forceinline__ bool tile_source_complete(const MoeParams& p) {
 
 // kGateUp: the gate-up GEMM (weights: the 4-D map of w13 as
 // [E][gate|up][I][H]); otherwise the down GEMM (w2 as [E][1][H][I]).
-template <bool kGateUp, int kTokens>
-__global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
+template <bool kGateUp, class Config>
+__global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
     moe_gemm_kernel(const __grid_constant__ MoeParams p,
                     const __grid_constant__ CUtensorMap weights,
                     const __grid_constant__ CUtensorMap token_rows) {
   using namespace cute;
-  using Config = GemmConfig<kTokens>;
+  constexpr int kTokens = Config::kTokens;
   static_assert(kGemmThreads >= kSlotTilesMaxSlots);  // find_slot_tile()
   extern __shared__ uint8_t gemm_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
@@ -109,9 +109,9 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
     has_tile = find_tile<kTokens>(p, tile, tile_rows);
     if (has_tile && tma_thread) {
       for (int i = 0; i < min(range.size(), Config::kStages); ++i) {
-        load_weights<kGateUp, kTokens>(p, &weights, tile,
-                                       block_row<kGateUp>(range.block(i)),
-                                       range.kb(i), i, full, smem);
+        load_weights<kGateUp, Config>(p, &weights, tile,
+                                      block_row<kGateUp>(range.block(i)),
+                                      range.kb(i), i, full, smem);
       }
     }
   };
@@ -131,8 +131,8 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   __syncthreads();
 
   if (warp == kConsumerThreads / 32) {
-    load_stages<kGateUp, kTokens>(p, &weights, tma_tokens, tile, token_src,
-                                  range, smem, full, empty);
+    load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
+                                 range, smem, full, empty);
     return;
   }
 
@@ -151,9 +151,9 @@ __global__ void __launch_bounds__(kGemmThreads, GemmConfig<kTokens>::kCtasPerSm)
   }
   for (int block = range.block_begin; block < range.block_end; ++block) {
     const int n0 = block_row<kGateUp>(block);
-    mma_stages<kGateUp, kTokens>(p, tile, n0, token_src, tile_scale,
-                                 range.kb_begin, range.kb_end, smem, full,
-                                 empty, acc, coord, stage, phase);
+    mma_stages<kGateUp, Config>(p, tile, n0, token_src, tile_scale,
+                                range.kb_begin, range.kb_end, smem, full, empty,
+                                acc, coord, stage, phase);
     if constexpr (kGateUp) {
       if constexpr (kTokens == kMinTokenTile) {
         // The leader's stage buffers hold the others' partial sums.

@@ -50,37 +50,56 @@ CUtensorMap inter_rows_tensor_map(const MoeParams& p) {
                             CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-template <bool kGateUp, int kTokens>
+template <bool kGateUp, class Config>
 void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
                       cudaStream_t stream) {
-  auto kernel = moe_gemm_kernel<kGateUp, kTokens>;
-  constexpr int kSmem = GemmConfig<kTokens>::kBytes;
-  // Narrow tiles: kNarrowTileCtasPerSm CTAs side by side.
-  configure_smem(kernel, kSmem, "fused_moe_fp8");
+  auto kernel = moe_gemm_kernel<kGateUp, Config>;
+  // Narrow tiles: Config::kCtasPerSm CTAs side by side.
+  configure_smem(kernel, Config::kBytes, "fused_moe_fp8");
   const MoeTiling& t = p.tiling;
   // x: group of column blocks x K split (gate-up) or group of row blocks
-  // (down),
-  // y: token tile. The CTAs launch x first: a tile's CTAs together (the
-  // tiles of an expert follow each other, sharing its weights in L2), and
-  // those past this call's tiles, which only exit, after every working one.
-  // (max_tiles bounds the tiles; a small or skewed batch needs far fewer.)
+  // (down), y: token tile. The CTAs launch x first: a tile's CTAs together
+  // (the tiles of an expert follow each other, sharing its weights in L2),
+  // and those past this call's tiles, which only exit, after every working
+  // one. (max_tiles bounds the tiles; a small or skewed batch needs far
+  // fewer.)
   const dim3 grid(kGateUp ? gate_up_ctas_per_tile(t) : down_ctas_per_tile(t),
                   t.max_tiles);
   // A split gate-up tile's CTAs (consecutive in x) form a cluster.
   const dim3 cluster(kGateUp ? t.gate_up_split : 1, 1);
   // The down GEMM's routed tiles read their token rows by TMA; the others
   // ignore the second map (the weights' stands in).
-  const CUtensorMap token_rows =
-      !kGateUp && !t.slot_tiles ? inter_rows_tensor_map<kTokens>(p) : weights;
-  launch_with_pdl_clustered(kernel, grid, dim3(kGemmThreads), kSmem, stream,
-                            cluster, p, weights, token_rows);
+  const CUtensorMap token_rows = !kGateUp && !t.slot_tiles
+                                     ? inter_rows_tensor_map<Config::kTokens>(p)
+                                     : weights;
+  launch_with_pdl_clustered(kernel, grid, dim3(kGemmThreads), Config::kBytes,
+                            stream, cluster, p, weights, token_rows);
+}
+
+// The instantiation for a token tile at its usual CTAs per SM.
+template <bool kGateUp, int kTokens>
+void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
+                      cudaStream_t stream) {
+  launch_gemm_tile<kGateUp, GemmConfig<kTokens, gemm_ctas_per_sm(kTokens)>>(
+      p, weights, stream);
 }
 
 template <bool kGateUp>
 void launch_gemm(const MoeParams& p, cudaStream_t stream) {
   const CUtensorMap weights = weight_tensor_map<kGateUp>(p);
-  switch (p.tiling.token_tile) {
+  const MoeTiling& t = p.tiling;
+  const int ctas_per_sm = kGateUp ? t.gate_up_ctas_per_sm : t.down_ctas_per_sm;
+  if (ctas_per_sm != gemm_ctas_per_sm(t.token_tile) &&
+      !(t.token_tile == kMinTokenTile &&
+        ctas_per_sm == kDenseMinTileCtasPerSm)) {
+    throw std::invalid_argument("fused_moe_fp8: GEMM CTAs per SM out of range");
+  }
+  switch (t.token_tile) {
     case 8:
+      if (ctas_per_sm == kDenseMinTileCtasPerSm) {
+        return launch_gemm_tile<kGateUp, GemmConfig<8, kDenseMinTileCtasPerSm>>(
+            p, weights, stream);
+      }
       return launch_gemm_tile<kGateUp, 8>(p, weights, stream);
     case 16:
       return launch_gemm_tile<kGateUp, 16>(p, weights, stream);

@@ -62,9 +62,10 @@ std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
       static_cast<int>(num_local_experts), static_cast<int>(num_experts),
       static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
       static_cast<int>(num_sms), block_wise);
-  return {t.token_tile,    t.max_tiles,   t.gate_up_blocks,
-          t.gate_up_split, t.gate_up_group, t.down_blocks,
-          t.down_group,    t.decode,      t.slot_tiles};
+  return {t.token_tile,    t.max_tiles,     t.gate_up_blocks,
+          t.gate_up_split, t.gate_up_group, t.gate_up_ctas_per_sm,
+          t.down_blocks,   t.down_group,    t.down_ctas_per_sm,
+          t.decode,        t.slot_tiles};
 }
 
 void fused_moe_fp8(const at::Tensor& hidden_states,

@@ -49,8 +49,14 @@ constexpr int kMaxSplit = 8;
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
+// A GEMM of 8-token tiles with more CTAs than two per SM hold runs three
+// per SM, with 2 stages each instead of 3: the same weight bytes in flight
+// per SM, and 1.5x the slots, so fewer CTAs are left for a second wave.
+// With fewer CTAs (a few tokens, K split) that would only cut the bytes in
+// flight of the SMs holding one or two.
+constexpr int kDenseMinTileCtasPerSm = 3;
 
-// GEMM CTAs that share an SM for a token tile width.
+// GEMM CTAs that share an SM for a token tile width (at most two).
 constexpr int gemm_ctas_per_sm(int token_tile) {
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
@@ -124,15 +130,17 @@ constexpr int kMinGroupedWaves = 8;
 constexpr int kMaxGateUpGroup = 2;
 
 struct MoeTiling {
-  int token_tile;      // tokens per GEMM tile: 8, 16, 32, 64 or 128
-  int max_tiles;       // tiles over all local experts, at most (grid size)
-  int gate_up_blocks;  // 128-column blocks of the intermediate
-  int gate_up_split;   // K ranges of the gate-up GEMM, each its own CTA
-  int gate_up_group;   // column blocks per gate-up CTA (1 when K is split)
-  int down_blocks;     // 256-row blocks of the hidden dimension
-  int down_group;      // row blocks per down-GEMM CTA
-  bool decode;         // the decode path instead of route + grouped GEMMs
-  bool slot_tiles;     // grouped GEMMs without a route stage (slot rows)
+  int token_tile;           // tokens per GEMM tile: 8, 16, 32, 64 or 128
+  int max_tiles;            // tiles over all local experts, at most (grid size)
+  int gate_up_blocks;       // 128-column blocks of the intermediate
+  int gate_up_split;        // K ranges of the gate-up GEMM, each its own CTA
+  int gate_up_group;        // column blocks per gate-up CTA (1 when K is split)
+  int gate_up_ctas_per_sm;  // gate-up CTAs sharing an SM
+  int down_blocks;          // 256-row blocks of the hidden dimension
+  int down_group;           // row blocks per down-GEMM CTA
+  int down_ctas_per_sm;     // down-GEMM CTAs sharing an SM
+  bool decode;              // the decode path instead of route + grouped GEMMs
+  bool slot_tiles;          // grouped GEMMs without a route stage (slot rows)
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -203,13 +211,22 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     split = std::max(split, 1);
   }
   t.gate_up_split = split;
+  // CTAs sharing an SM, per GEMM: 8-token tiles three to an SM where the
+  // GEMM's CTAs outnumber the two-per-SM slots (kDenseMinTileCtasPerSm).
+  auto ctas_per_sm = [&](int64_t gemm_ctas) {
+    return t.token_tile == kMinTokenTile && gemm_ctas > slots
+               ? kDenseMinTileCtasPerSm
+               : gemm_ctas_per_sm(t.token_tile);
+  };
+  t.gate_up_ctas_per_sm = ctas_per_sm(ctas * split);
+  const int64_t gate_up_slots = int64_t(num_sms) * t.gate_up_ctas_per_sm;
   // Column blocks per gate-up CTA: with many waves of unsplit CTAs, a CTA
   // takes kMaxGateUpGroup blocks in turn, its ring running on across them.
   t.gate_up_group = 1;
   while (split == 1 && t.gate_up_group < kMaxGateUpGroup &&
          t.gate_up_group < t.gate_up_blocks &&
          tiles * ceil_div(t.gate_up_blocks, 2 * t.gate_up_group) >=
-             kMinGroupedWaves * slots) {
+             kMinGroupedWaves * gate_up_slots) {
     t.gate_up_group *= 2;
   }
 
@@ -217,12 +234,14 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles would still
   // fill every slot, or, up to kMaxGroupedKBlocks, make kMinGroupedWaves
   // waves.
+  t.down_ctas_per_sm = ctas_per_sm(tiles * t.down_blocks);
+  const int64_t down_slots = int64_t(num_sms) * t.down_ctas_per_sm;
   const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
   auto down_group_may_double = [&](int group) {
     const int64_t ctas = tiles * ceil_div(t.down_blocks, 2 * group);
-    return (group * down_k_blocks < kMinCtaKBlocks && ctas >= slots) ||
+    return (group * down_k_blocks < kMinCtaKBlocks && ctas >= down_slots) ||
            (2 * group * down_k_blocks <= kMaxGroupedKBlocks &&
-            ctas >= kMinGroupedWaves * slots);
+            ctas >= kMinGroupedWaves * down_slots);
   };
   t.down_group = 1;
   while (t.down_group < t.down_blocks && down_group_may_double(t.down_group)) {
