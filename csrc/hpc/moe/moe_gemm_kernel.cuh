@@ -1,8 +1,8 @@
 // The grouped FP8 GEMM kernel of the fused MoE pipeline: tile lookup, the
 // producer / consumer split of moe_gemm.cuh and the epilogues of
-// moe_gemm_epilogue.cuh. Grid: x = column block x split index (gate-up) or
-// group of row blocks (down), y = token tile; CTAs past the tiles of this
-// call return.
+// moe_gemm_epilogue.cuh. Grid: x = group of column blocks x split index
+// (gate-up) or group of row blocks (down), y = token tile; CTAs past the
+// tiles of this call return. Config: GemmConfig (token tile, CTAs per SM).
 #pragma once
 
 #include <cuda.h>

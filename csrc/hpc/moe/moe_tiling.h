@@ -212,7 +212,9 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   }
   t.gate_up_split = split;
   // CTAs sharing an SM, per GEMM: 8-token tiles three to an SM where the
-  // GEMM's CTAs outnumber the two-per-SM slots (kDenseMinTileCtasPerSm).
+  // GEMM's CTAs outnumber the two-per-SM slots (kDenseMinTileCtasPerSm):
+  // the expected gate-up CTAs, and the down GEMM's before grouping (its
+  // groups are then sized for the slots chosen).
   auto ctas_per_sm = [&](int64_t gemm_ctas) {
     return t.token_tile == kMinTokenTile && gemm_ctas > slots
                ? kDenseMinTileCtasPerSm
