@@ -51,8 +51,8 @@ CUtensorMap inter_rows_tensor_map(const MoeParams& p) {
 }
 
 template <bool kGateUp, class Config>
-void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
-                      cudaStream_t stream) {
+void launch_gemm_config(const MoeParams& p, const CUtensorMap& weights,
+                        cudaStream_t stream) {
   auto kernel = moe_gemm_kernel<kGateUp, Config>;
   // Narrow tiles: Config::kCtasPerSm CTAs side by side.
   configure_smem(kernel, Config::kBytes, "fused_moe_fp8");
@@ -80,7 +80,7 @@ void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
 template <bool kGateUp, int kTokens>
 void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
                       cudaStream_t stream) {
-  launch_gemm_tile<kGateUp, GemmConfig<kTokens, gemm_ctas_per_sm(kTokens)>>(
+  launch_gemm_config<kGateUp, GemmConfig<kTokens, gemm_ctas_per_sm(kTokens)>>(
       p, weights, stream);
 }
 
@@ -97,7 +97,8 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
   switch (t.token_tile) {
     case 8:
       if (ctas_per_sm == kDenseMinTileCtasPerSm) {
-        return launch_gemm_tile<kGateUp, GemmConfig<8, kDenseMinTileCtasPerSm>>(
+        return launch_gemm_config<kGateUp,
+                                  GemmConfig<8, kDenseMinTileCtasPerSm>>(
             p, weights, stream);
       }
       return launch_gemm_tile<kGateUp, 8>(p, weights, stream);
