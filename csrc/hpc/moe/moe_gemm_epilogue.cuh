@@ -207,7 +207,6 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
                     n0 / kScaleBlock] = scale;
       }
     }
-    const float rcp = __frcp_rn(scale);
     uint8_t* dst = inter + int64_t(rows[tok]) * p.inter + n0 + col;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
@@ -216,12 +215,13 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
       for (int q = 0; q < 2; ++q) {
         const float4 f = *reinterpret_cast<const float4*>(
             staged + staged_h_index(tok, col + 8 * half + 4 * q));
-        h[4 * q] = divide_rn(f.x, scale, rcp);
-        h[4 * q + 1] = divide_rn(f.y, scale, rcp);
-        h[4 * q + 2] = divide_rn(f.z, scale, rcp);
-        h[4 * q + 3] = divide_rn(f.w, scale, rcp);
+        h[4 * q] = f.x;
+        h[4 * q + 1] = f.y;
+        h[4 * q + 2] = f.z;
+        h[4 * q + 3] = f.w;
       }
-      store8_fp8(dst + 8 * half, h, 1.f);
+      // Divided, as the quantize stage does (moe_quantize.cuh).
+      store8_fp8_divided(dst + 8 * half, h, scale);
     }
   }
 }
