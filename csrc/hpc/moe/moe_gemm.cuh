@@ -9,8 +9,10 @@
 //   producer warp   TMA for the weight rows (a 4-D tensor map per weight,
 //                   out-of-range rows and k zero-filled), cp.async for the
 //                   token rows, gathered through the route's row list and
-//                   arriving on the stage's barrier as they land; one
-//                   mbarrier ring of kStages k-blocks of 128
+//                   arriving on the stage's barrier as they land (TMA for
+//                   the down GEMM's routed tiles, whose rows are
+//                   consecutive); one mbarrier ring of kStages k-blocks of
+//                   128
 //   2 consumer WGs  wgmma per k-block into a block accumulator, folded
 //                   into the result with that k-block's weight and
 //                   activation scales (per-tensor ones broadcast); the
@@ -310,8 +312,9 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       phase ^= 1;
     }
   };
-  // The stage's copies have landed. The token rows were written by cp.async
-  // (the generic proxy); the wgmma read them through the async proxy.
+  // The stage's copies have landed. Token rows copied by cp.async were
+  // written through the generic proxy; the wgmma read them through the
+  // async proxy.
   auto acquire = [&] {
     FullBarrier::wait(&full[stage], phase);
     cutlass::arch::fence_view_async_shared();
