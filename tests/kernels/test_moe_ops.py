@@ -756,11 +756,12 @@ def test_tiling_w3_choices() -> None:
     # for 7, split 3 (252 CTAs); eight tokens on 6.8: room for 11, split 2.
     assert tiling("ep8", 4).gate_up_split == 3
     assert tiling("ep8", 8).gate_up_split == 2
-    # A GEMM of 8-token tiles with more CTAs than the 264 slots runs three
-    # CTAs per SM (396 slots): tp8 with 64 tokens (~183 experts x 2 column
-    # blocks; ~192 tiles x 4 down groups), and the down GEMM at 8 tokens
-    # (~64 tiles x 16 row blocks ungrouped). Fewer keep two (tp1 with one
-    # token: 8 tiles x 16 row blocks; a split gate-up).
+    # 8-token tiles run three CTAs per SM (396 slots) in a gate-up GEMM
+    # whose CTAs then make fewer waves (tp8 with 64 tokens: ~179 experts x
+    # 2 column blocks, one wave instead of two), and in a down GEMM with
+    # more CTAs than the 264 slots before grouping (~179 tiles x 16 row
+    # blocks; at 8 tokens ~55 x 16). Fewer keep two (tp1 with one token: 8
+    # tiles x 16 row blocks; a split gate-up).
     assert tiling("tp8", 64).gate_up_ctas_per_sm == 3
     assert tiling("tp8", 64).down_ctas_per_sm == 3
     assert tiling("ep8", 64).gate_up_ctas_per_sm == 3
@@ -769,6 +770,11 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp1", 1).gate_up_ctas_per_sm == 2
     assert tiling("tp1", 1).down_ctas_per_sm == 2
     assert tiling("tp8", 256).gate_up_ctas_per_sm == 2  # 16-token tiles
+    # 128 tokens: 5.3 rows per expert, so ~7% of them take a second tile:
+    # ~410 gate-up CTAs, two waves either way, so two per SM (a last wave
+    # of 3-stage CTAs, not of 2-stage ones).
+    assert tiling("tp8", 128).gate_up_ctas_per_sm == 2
+    assert tiling("tp8", 128).down_ctas_per_sm == 3
     assert tiling("tp1", 4096).down_ctas_per_sm == 1  # 128-token tiles
     # Up to 16 tokens (128 slots) the grouped path runs without the route.
     assert tiling("tp1", 1).slot_tiles and tiling("tp8", 16).slot_tiles

@@ -49,11 +49,12 @@ constexpr int kMaxSplit = 8;
 // accumulators: two fit); wider tiles run one CTA per SM.
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
-// A GEMM of 8-token tiles with more CTAs than two per SM hold runs three
-// per SM, with 2 stages each instead of 3: the same weight bytes in flight
-// per SM, and 1.5x the slots, so fewer CTAs are left for a second wave.
-// With fewer CTAs (a few tokens, K split) that would only cut the bytes in
-// flight of the SMs holding one or two.
+// A GEMM of 8-token tiles may run three CTAs per SM, with 2 stages each
+// instead of 3: the same weight bytes in flight per SM in 1.5x the slots.
+// It pays where the CTAs then make fewer waves; with as many waves, the
+// last wave's CTAs stream alone at 2 stages, slower than at 3, and with
+// fewer CTAs than slots (a few tokens, K split) it only cuts the bytes in
+// flight of the SMs holding one or two (moe_tiling()).
 constexpr int kDenseMinTileCtasPerSm = 3;
 
 // GEMM CTAs that share an SM for a token tile width (at most two).
@@ -145,6 +146,22 @@ struct MoeTiling {
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Expected tiles of `tile` rows for an expert whose row count is Poisson
+// with mean `lambda` (a uniform router's spread of rows over experts):
+// E[ceil(X / tile)] = sum over j >= 0 of P(X > j * tile). An expert with
+// a few rows more than average takes a second tile.
+inline double expected_tiles_per_expert(double lambda, int tile) {
+  double pmf = std::exp(-lambda);  // P(X = x)
+  double cdf = 0.0;                // P(X <= x)
+  double tiles = 0.0;
+  for (int x = 0; x <= lambda || 1.0 - cdf > 1e-9; ++x) {
+    cdf += pmf;
+    if (x % tile == 0) tiles += 1.0 - cdf;
+    pmf *= lambda / (x + 1);
+  }
+  return tiles;
+}
+
 // Gate-up CTAs per token tile: the grid's x (a split tile's CTAs are
 // consecutive).
 HPC_MOE_HD int gate_up_ctas_per_tile(const MoeTiling& t) {
@@ -211,16 +228,27 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
     split = std::max(split, 1);
   }
   t.gate_up_split = split;
-  // CTAs sharing an SM, per GEMM: 8-token tiles three to an SM where the
-  // GEMM's CTAs outnumber the two-per-SM slots (kDenseMinTileCtasPerSm):
-  // the expected gate-up CTAs, and the down GEMM's before grouping (its
-  // groups are then sized for the slots chosen).
-  auto ctas_per_sm = [&](int64_t gemm_ctas) {
-    return t.token_tile == kMinTokenTile && gemm_ctas > slots
-               ? kDenseMinTileCtasPerSm
-               : gemm_ctas_per_sm(t.token_tile);
-  };
-  t.gate_up_ctas_per_sm = ctas_per_sm(ctas * split);
+  // CTAs sharing an SM, per GEMM (kDenseMinTileCtasPerSm). Gate-up (K =
+  // H: long CTAs, whose last wave sets the GEMM's end): 8-token tiles go
+  // three to an SM when that makes fewer waves of the CTAs expected, an
+  // expert with a few rows above the average taking a second tile. Down
+  // (K = I: short CTAs, in many waves): three to an SM where its CTAs
+  // before grouping outnumber the two-per-SM slots (its groups are then
+  // sized for the slots chosen).
+  const bool min_tile = t.token_tile == kMinTokenTile;
+  t.gate_up_ctas_per_sm = gemm_ctas_per_sm(t.token_tile);
+  if (min_tile && split == 1) {
+    const double hit_tiles =
+        expected_tiles_per_expert(double(rows) / all_experts, t.token_tile) /
+        std::max(hit, 1e-9);  // tiles of an expert that is hit
+    const int64_t gate_up_ctas =
+        static_cast<int64_t>(std::ceil(experts_expected * hit_tiles)) *
+        t.gate_up_blocks;
+    if (ceil_div(gate_up_ctas, int64_t(num_sms) * kDenseMinTileCtasPerSm) <
+        ceil_div(gate_up_ctas, slots)) {
+      t.gate_up_ctas_per_sm = kDenseMinTileCtasPerSm;
+    }
+  }
   const int64_t gate_up_slots = int64_t(num_sms) * t.gate_up_ctas_per_sm;
   // Column blocks per gate-up CTA: with many waves of unsplit CTAs, a CTA
   // takes kMaxGateUpGroup blocks in turn, its ring running on across them.
@@ -236,7 +264,9 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // kMinCtaKBlocks k-blocks and the CTAs of the expected tiles would still
   // fill every slot, or, up to kMaxGroupedKBlocks, make kMinGroupedWaves
   // waves.
-  t.down_ctas_per_sm = ctas_per_sm(tiles * t.down_blocks);
+  t.down_ctas_per_sm = min_tile && tiles * t.down_blocks > slots
+                           ? kDenseMinTileCtasPerSm
+                           : gemm_ctas_per_sm(t.token_tile);
   const int64_t down_slots = int64_t(num_sms) * t.down_ctas_per_sm;
   const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
   auto down_group_may_double = [&](int group) {
