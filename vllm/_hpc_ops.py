@@ -1522,6 +1522,7 @@ class MoeTiling:
     down_ctas_per_sm: int  # down-GEMM CTAs sharing an SM (1, 2 or 3)
     decode: bool  # a few tokens: the decode path instead
     slot_tiles: bool  # few routed slots: grouped GEMMs without a route stage
+    evict_first_weights: bool  # GEMM weights loaded evict-first (8-token tiles)
 
 
 def moe_tiling(
@@ -1560,7 +1561,7 @@ def moe_tiling(
             bool(block_wise),
         )
     )
-    values[-2:] = [bool(v) for v in values[-2:]]
+    values[-3:] = [bool(v) for v in values[-3:]]  # the flags
     return MoeTiling(*values)
 
 

@@ -719,6 +719,8 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
             assert tokens <= 16
         # Slot tiles: the grouped path of at most 128 routed slots.
         assert t.slot_tiles == (not t.decode and tokens * topk <= 128)
+        # Weights are streamed evict-first by 8-token tiles only.
+        assert t.evict_first_weights == (t.token_tile == 8)
         # A split tile's CTAs are one cluster: 8 at most.
         assert 1 <= t.gate_up_split <= 8
         if t.gate_up_split > 1:

@@ -167,7 +167,9 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
     const int row = kGateUp ? n0 : n0 + wg * kWgRows;
     cute::SM90_TMA_LOAD_4D::copy(
         weights, &full[stage],
-        static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+        static_cast<uint64_t>(p.tiling.evict_first_weights
+                                  ? cute::TMA::CacheHintSm90::EVICT_FIRST
+                                  : cute::TMA::CacheHintSm90::EVICT_NORMAL),
         smem + (wg * Config::kStages + stage) * Config::kWgStageBytes,
         kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
   }

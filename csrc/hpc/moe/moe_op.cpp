@@ -65,7 +65,7 @@ std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
   return {t.token_tile,    t.max_tiles,     t.gate_up_blocks,
           t.gate_up_split, t.gate_up_group, t.gate_up_ctas_per_sm,
           t.down_blocks,   t.down_group,    t.down_ctas_per_sm,
-          t.decode,        t.slot_tiles};
+          t.decode,        t.slot_tiles,    t.evict_first_weights};
 }
 
 void fused_moe_fp8(const at::Tensor& hidden_states,

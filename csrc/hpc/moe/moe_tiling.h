@@ -56,6 +56,12 @@ constexpr int kNarrowTileCtasPerSm = 2;
 // fewer CTAs than slots (a few tokens, K split) it only cuts the bytes in
 // flight of the SMs holding one or two (moe_tiling()).
 constexpr int kDenseMinTileCtasPerSm = 3;
+// The GEMMs load an expert's weights evict-first with 8-token tiles: then
+// about one tile reads each expert, so its weights are streamed once, and
+// L2 is left to what is read again (token rows, the intermediate). Wider
+// tiles keep the usual policy: measured, evict-first was slower with
+// 16-token tiles and mixed with wider ones.
+constexpr int kEvictFirstMaxTokenTile = kMinTokenTile;
 
 // GEMM CTAs that share an SM for a token tile width (at most two).
 constexpr int gemm_ctas_per_sm(int token_tile) {
@@ -142,6 +148,7 @@ struct MoeTiling {
   int down_ctas_per_sm;     // down-GEMM CTAs sharing an SM
   bool decode;              // the decode path instead of route + grouped GEMMs
   bool slot_tiles;          // grouped GEMMs without a route stage (slot rows)
+  bool evict_first_weights;  // GEMM weight loads with the evict-first policy
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -295,6 +302,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
                int64_t(decode_ctas_per_sm) * num_sms;
   }
   t.slot_tiles = !t.decode && rows <= kSlotTilesMaxSlots;
+  t.evict_first_weights = t.token_tile <= kEvictFirstMaxTokenTile;
   return t;
 }
 
