@@ -51,13 +51,26 @@ struct SplitBarriers {
   uint64_t partials_ready;
 };
 
+// Every thread of a split tile's cluster, once the leader has read the
+// partial sums (merge_split_k()): no CTA leaves before, so the leader's
+// shared memory outlives every write into it, as distributed shared memory
+// requires. The partials_ready wait alone orders the leader's reads after
+// the writes; this barrier states the lifetime as well, where tools (and
+// readers) look for it, and costs the others only the leader's read.
+__device__ __forceinline__ void leave_split_cluster() {
+  __syncwarp();
+  cluster_sync();
+}
+
 // The split CTAs of an output tile run as one cluster, cluster rank = split
 // index. No global memory round trip: a load or an atomic issued by a CTA
 // now waits behind the weight copies its SM has in flight, several µs,
 // whereas shared memory of the cluster answers at once. Returns false in
 // every CTA but the leader (rank 0), whose `acc` then holds the sum over all
 // K ranges, added in rank order. `stages`: the CTA's stage buffers, all of
-// whose copies have landed and been read once the mainloop is done.
+// whose copies have landed and been read once the mainloop is done. Every
+// consumer thread of the cluster calls it, and each producer thread calls
+// leave_split_cluster() once its loads are issued.
 template <class Acc>
 __device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
                               SplitBarriers* barriers) {
@@ -80,6 +93,7 @@ __device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
       }
       acc(i) = sum;
     }
+    leave_split_cluster();
     return true;
   }
   cluster_wait_acquire(&barriers->stages_free, 0);
@@ -89,6 +103,7 @@ __device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
     leader[i * kConsumerThreads + t] = acc(i);
   }
   cluster_arrive_remote(&barriers->partials_ready, 0);
+  leave_split_cluster();
   return false;
 }
 

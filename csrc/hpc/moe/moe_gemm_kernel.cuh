@@ -133,6 +133,9 @@ __global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
   if (warp == kConsumerThreads / 32) {
     load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
                                  range, smem, full, empty);
+    if (kTokens == kMinTokenTile && split > 1) {
+      leave_split_cluster();  // beside merge_split_k()'s threads
+    }
     return;
   }
 
