@@ -62,9 +62,7 @@ struct GemmConfig {
   static constexpr int kTokens = kTokenTile;
   static constexpr int kCtasPerSm = kCtasPerSmValue;
   static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
-  static_assert(kCtasPerSm == gemm_ctas_per_sm(kTokens) ||
-                (kTokens == kMinTokenTile &&
-                 kCtasPerSm == kDenseMinTileCtasPerSm));
+  static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
   // Narrow tiles keep few accumulators: two CTAs per SM with 3 stages each
   // put more weight bytes in flight per SM than one CTA with 5, and halve
   // the work per wave. Wide tiles need the registers of one CTA per SM.

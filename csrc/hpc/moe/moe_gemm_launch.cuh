@@ -88,12 +88,8 @@ template <bool kGateUp>
 void launch_gemm(const MoeParams& p, cudaStream_t stream) {
   const CUtensorMap weights = weight_tensor_map<kGateUp>(p);
   const MoeTiling& t = p.tiling;
+  // (Checked by fused_moe_fp8(): gemm_ctas_per_sm_supported().)
   const int ctas_per_sm = kGateUp ? t.gate_up_ctas_per_sm : t.down_ctas_per_sm;
-  if (ctas_per_sm != gemm_ctas_per_sm(t.token_tile) &&
-      !(t.token_tile == kMinTokenTile &&
-        ctas_per_sm == kDenseMinTileCtasPerSm)) {
-    throw std::invalid_argument("fused_moe_fp8: GEMM CTAs per SM out of range");
-  }
   switch (t.token_tile) {
     case 8:
       if (ctas_per_sm == kDenseMinTileCtasPerSm) {

@@ -68,6 +68,13 @@ constexpr int gemm_ctas_per_sm(int token_tile) {
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
 
+// The GEMM instantiations: a tile's usual CTAs per SM, and three for
+// 8-token tiles.
+constexpr bool gemm_ctas_per_sm_supported(int token_tile, int ctas_per_sm) {
+  return ctas_per_sm == gemm_ctas_per_sm(token_tile) ||
+         (token_tile == kMinTokenTile && ctas_per_sm == kDenseMinTileCtasPerSm);
+}
+
 // The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): two
 // kernels, the first quantizing its own token columns, that copy each CTA's
 // weights whole into shared memory and run warp-level MMAs, with no routing
