@@ -45,6 +45,31 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
 // Persistent decode CTAs per SM for a head size and KV element size.
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
 
+// Paged prefill tile plan into `plan` (int32, prefill::PlanLayout for
+// max_batch / max_tiles): the host planner for CPU lengths, the GPU planner
+// for CUDA lengths.
+void plan_prefill(const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
+                  at::Tensor& plan, int64_t num_q_heads, int64_t num_kv_heads,
+                  int64_t max_batch, int64_t max_tiles);
+
+// [max_tiles, plan size in int32] of a prefill plan for up to max_tokens
+// query tokens in up to max_batch requests.
+std::vector<int64_t> prefill_plan_layout(int64_t max_tokens, int64_t max_batch,
+                                         int64_t num_q_heads,
+                                         int64_t num_kv_heads);
+
+// Paged prefill / chunked-prefill attention over a varlen batch, following
+// a plan written by plan_prefill for the same lengths.
+void prefill_attention(const at::Tensor& q, const at::Tensor& key_cache,
+                       const at::Tensor& value_cache,
+                       const at::Tensor& block_table,
+                       const at::Tensor& query_start_loc,
+                       const at::Tensor& seq_lens, const at::Tensor& plan,
+                       at::Tensor& out, const std::optional<at::Tensor>& q_scale,
+                       const std::optional<at::Tensor>& k_scale,
+                       const std::optional<at::Tensor>& v_scale, double scale,
+                       double softcap, int64_t window);
+
 // Fused FP8 MoE (route, gate-up GEMM + SiLU-and-mul + quant, down GEMM,
 // top-k reduce) into `out`, using `workspace` (moe_workspace_bytes).
 void fused_moe_fp8(const at::Tensor& hidden_states,

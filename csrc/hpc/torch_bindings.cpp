@@ -29,6 +29,18 @@ TORCH_LIBRARY(_hpc_C, m) {
   m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",
         &hpc::decode_ctas_per_sm);
   m.def(
+      "plan_prefill(Tensor query_start_loc, Tensor seq_lens, Tensor(a!) plan, "
+      "int num_q_heads, int num_kv_heads, int max_batch, int max_tiles) -> ()");
+  m.def(
+      "prefill_plan_layout(int max_tokens, int max_batch, int num_q_heads, "
+      "int num_kv_heads) -> int[]",
+      &hpc::prefill_plan_layout);
+  m.def(
+      "prefill_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_table, Tensor query_start_loc, Tensor seq_lens, "
+      "Tensor plan, Tensor(a!) out, Tensor? q_scale, Tensor? k_scale, "
+      "Tensor? v_scale, float scale, float softcap, int window) -> ()");
+  m.def(
       "fused_moe_fp8(Tensor hidden_states, Tensor? a1_scale, Tensor w13, "
       "Tensor w13_scale, Tensor w2, Tensor w2_scale, Tensor? a2_scale, "
       "Tensor topk_weights, Tensor topk_ids, Tensor? expert_map, "
@@ -50,10 +62,15 @@ TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
   m.impl("rope_norm_store_kv", &hpc::rope_norm_store_kv);
   m.impl("plan_decode", &hpc::plan_decode);
   m.impl("decode_attention", &hpc::decode_attention);
+  m.impl("plan_prefill", &hpc::plan_prefill);
+  m.impl("prefill_attention", &hpc::prefill_attention);
   m.impl("fused_moe_fp8", &hpc::fused_moe_fp8);
 }
 
-TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) { m.impl("plan_decode", &hpc::plan_decode); }
+TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) {
+  m.impl("plan_decode", &hpc::plan_decode);
+  m.impl("plan_prefill", &hpc::plan_prefill);
+}
 
 extern "C" PyObject* PyInit__hpc_C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hpc_C", nullptr, 0,

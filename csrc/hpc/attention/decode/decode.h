@@ -7,19 +7,12 @@
 #include <cstdint>
 
 #include "attention/decode/decode_params.h"
+#include "common/paged_cache_view.h"
 
 namespace hpc {
 namespace decode {
 
-// A K or V cache as a strided [num_blocks, block_size, num_kv_heads,
-// head_size] view (element strides; the head dimension is contiguous).
-struct PagedCacheView {
-  const void* data;
-  int64_t num_blocks;
-  int64_t block_stride;
-  int64_t token_stride;
-  int64_t head_stride;
-};
+using hpc::PagedCacheView;
 
 // The decode kernel (which also merges split units), launched with PDL on
 // `stream`. `grid` is the CTA count the plan was sized for (layout.max_ctas).

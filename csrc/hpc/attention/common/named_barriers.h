@@ -1,0 +1,15 @@
+// Named hardware barriers (bar.sync ids) of the attention kernels, one enum
+// per kernel so that ids never collide inside a kernel. Id 0 is
+// __syncthreads.
+#pragma once
+
+namespace hpc {
+namespace attention {
+
+// Paged prefill (prefill_kernel.cuh): the two consumer warpgroups.
+enum class PrefillBarrier : int {
+  kConsumers = 1,  // both consumer warpgroups (256 threads)
+};
+
+}  // namespace attention
+}  // namespace hpc

@@ -1,0 +1,64 @@
+// Epilogue of the paged prefill kernel: O / row sum (times the V scale of
+// an FP8 cache) into the output rows of the tile's (token, query head)
+// pairs, bf16 or fp16. Each thread stores its column pairs directly; a quad
+// covers 16 contiguous bytes of a row.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+#include "attention/common/online_softmax.cuh"
+#include "attention/prefill/prefill_mainloop.cuh"
+#include "attention/prefill/prefill_params.h"
+
+namespace hpc {
+namespace prefill {
+
+__device__ __forceinline__ uint32_t pack_out(float x, float y, bool bf16) {
+  if (bf16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  const __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <class Config, class FragO>
+__device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
+                           FragO& acc_o, attention::OnlineSoftmax& softmax) {
+  using namespace cute;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kHeadDim = Config::kHeadDim;
+  typename Config::TiledMmaPV mma_pv;
+  auto thr_pv = mma_pv.get_thread_slice(threadIdx.x - kProducerThreads);
+  const Tensor coord_o = thr_pv.partition_C(
+      make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  float inv_sum[2], lse[2];
+  softmax.finish(inv_sum, lse);
+  const float v_scale = p.v_scale ? *p.v_scale : 1.f;
+  const bool bf16 = p.out_type == ElemType::kBf16;
+  uint16_t* row_out[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    inv_sum[h] *= v_scale;
+    row_out[h] = static_cast<uint16_t*>(p.out) +
+                 static_cast<int64_t>(rows.token[h]) * p.out_token_stride +
+                 static_cast<int64_t>(rows.head[h]) * p.out_head_stride;
+  }
+  // Values 2j and 2j + 1 are adjacent columns of one row.
+#pragma unroll
+  for (int i = 0; i < size(acc_o); i += 2) {
+    const int h = attention::row_half_of(i);
+    if (!rows.live[h]) continue;
+    const int col = get<1>(coord_o(i));
+    *reinterpret_cast<uint32_t*>(row_out[h] + col) =
+        pack_out(acc_o(i) * inv_sum[h], acc_o(i + 1) * inv_sum[h], bf16);
+  }
+}
+
+}  // namespace prefill
+}  // namespace hpc

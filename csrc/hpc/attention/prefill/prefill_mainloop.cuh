@@ -1,0 +1,232 @@
+// Consumer side of the paged prefill kernel: the two consumer warpgroups'
+// S = Q K^T, masking, online softmax and O += P V over one query tile's key
+// tiles, last first, with the next tile's S = Q K^T issued before this
+// tile's O += P V so that the softmax of one overlaps the other's wgmma.
+//
+// Per key tile (after the first):
+//   issue S = Q K[n]^T      issue O += P[n + 1] V[n + 1]
+//   wait S; release K[n]; softmax(S) -> P (fp32), row factors alpha
+//   wait O; release V[n + 1]; O *= alpha; P -> MMA type
+// Only key tiles that are not interior to the query tile's visible range
+// (mask.h: the diagonal, the sequence's end, a window's start) are masked.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "attention/common/mask.h"
+#include "attention/common/named_barriers.h"
+#include "attention/common/online_softmax.cuh"
+#include "attention/prefill/prefill_config.cuh"
+#include "attention/prefill/prefill_params.h"
+#include "attention/prefill/prefill_pipeline.cuh"
+#include "attention/prefill/prefill_tile_scheduler.cuh"
+#include "common/sync.cuh"
+
+namespace hpc {
+namespace prefill {
+
+// Issues C (+)= A B over the K blocks of A and B as one wgmma batch.
+template <class Mma, class TA, class TB, class TC>
+__device__ __forceinline__ void wgmma_batch(Mma& mma, const TA& a,
+                                            const TB& b, TC& c,
+                                            bool zero_init) {
+  using namespace cute;
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+#pragma unroll
+  for (int k = 0; k < size<2>(a); ++k) {
+    gemm(mma, a(_, _, k), b(_, _, k), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+}
+
+// Per-row constants of a consumer thread's two rows in the current tile.
+struct RowInfo {
+  bool live[2];    // a real (token, head) of the request
+  int token[2];    // token index within the batch
+  int head[2];     // query head
+  int pos[2];      // query position (-1 for rows that are not live)
+  float scale[2];  // logit scale (log2 domain, or 1 / softcap with softcap)
+};
+
+__device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
+                                            const TileWork& w,
+                                            const int (&rows)[2]) {
+  RowInfo r;
+  const float k_scale = p.k_scale ? *p.k_scale : 1.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int t = rows[h] / p.group;
+    r.live[h] = rows[h] < p.group * p.tile_tokens && t < w.tokens;
+    r.token[h] = w.q_begin + w.token0 + t;
+    r.head[h] = w.kv_head * p.group + rows[h] % p.group;
+    r.pos[h] = r.live[h] ? w.position(t) : -1;
+    float s = p.scale * k_scale;
+    if (p.q_type == ElemType::kFp8E4m3 && r.live[h]) {
+      s *= p.q_scale[static_cast<int64_t>(r.token[h]) * p.q_scale_token_stride +
+                     r.head[h]];
+    }
+    r.scale[h] = p.softcap > 0.f ? s / p.softcap : s * attention::kLog2e;
+  }
+  return r;
+}
+
+// Logits of key tile n in place: scale, soft-cap, mask (kMask).
+template <bool kMask, class FragS, class CoordS>
+__device__ __forceinline__ void logits(const PrefillParams& p,
+                                       const TileWork& w, const RowInfo& r,
+                                       int key0, FragS& s,
+                                       const CoordS& coord) {
+  const float cap = p.softcap * attention::kLog2e;
+#pragma unroll
+  for (int i = 0; i < int(cute::size(s)); ++i) {
+    const int h = attention::row_half_of(i);
+    float x = s(i) * r.scale[h];
+    if (p.softcap > 0.f) x = cap * tanhf(x);
+    if constexpr (kMask) {
+      const int key = key0 + cute::get<1>(coord(i));
+      x = attention::key_visible(key, r.pos[h], w.kv_len, p.window) ? x
+                                                                    : -INFINITY;
+    }
+    s(i) = x;
+  }
+}
+
+// Zeroes the V rows of a stage at and past `valid` keys: their cache slots
+// may hold anything (NaN), and a zero probability times NaN is NaN. Both
+// consumer warpgroups share the stage, so both take part.
+template <class Config>
+__device__ void zero_stale_rows(uint8_t* stage, int valid) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kUnits = Config::kHeadDim / 8;  // 16-byte units per row
+  Tensor t = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(stage)),
+                         typename Config::SmemLayoutK{});
+  const int tid = threadIdx.x - kProducerThreads;
+  for (int e = valid * kUnits + tid; e < Config::kBlockN * kUnits;
+       e += kConsumerThreads) {
+    *reinterpret_cast<uint4*>(&t(e / kUnits, (e % kUnits) * 8, 0)) =
+        make_uint4(0, 0, 0, 0);
+  }
+  cutlass::arch::fence_view_async_shared();
+  named_barrier_sync(static_cast<int>(attention::PrefillBarrier::kConsumers),
+                     kConsumerThreads);
+}
+
+// Runs one query tile; leaves O (unnormalised) in `acc_o` and the row
+// statistics in `softmax`. `ring` and `q_phase` carry the pipeline's
+// position from tile to tile.
+template <class Config, class FragO>
+__device__ void mma_tile(const PrefillParams& p, const TileWork& w,
+                         const RowInfo& rows, uint8_t* smem,
+                         PipelineBarriers<Config::kStages>& bar,
+                         RingState<Config::kStages>& ring, uint32_t& q_phase,
+                         FragO& acc_o, attention::OnlineSoftmax& softmax) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kBlockM = Config::kBlockM;
+  constexpr int kBlockN = Config::kBlockN;
+  const int tid = threadIdx.x - kProducerThreads;
+
+  typename Config::TiledMmaQK mma_qk;
+  typename Config::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(tid);
+  auto thr_pv = mma_pv.get_thread_slice(tid);
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
+                          typename Config::SmemLayoutQ{});
+  Tensor sK = make_tensor(
+      make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kKOffset)),
+      typename Config::SmemLayoutK{});
+  Tensor sVt = make_tensor(
+      make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kVOffset)),
+      typename Config::SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);    // (V, M, K)
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (V, N, K, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (V, D, N, stage)
+  Tensor acc_s = partition_fragment_C(
+      mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor frag_p = make_tensor<Element>(
+      partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  static_assert(size(acc_s) == size(frag_p));
+  const Tensor coord_s = thr_qk.partition_C(
+      make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+
+  auto softmax_step = [&](int n, float (&alpha)[2]) {
+    if (w.keys.interior(n)) {
+      logits<false>(p, w, rows, n * kBlockN, acc_s, coord_s);
+    } else {
+      logits<true>(p, w, rows, n * kBlockN, acc_s, coord_s);
+    }
+    softmax.update(acc_s, alpha);
+  };
+  auto convert_p = [&] {
+#pragma unroll
+    for (int i = 0; i < size(acc_s); ++i) frag_p(i) = Element(acc_s(i));
+  };
+  // O += P V over stage s; the first product of the tile initialises O.
+  bool first_pv = true;
+  const int last_key_tile = w.keys.tile_end - 1;
+  auto issue_pv = [&](int s, uint32_t phase, int n) {
+    FullBarrier::wait(&bar.v_full[s], phase);
+    if constexpr (!Config::kWidenKv) {
+      const int valid = w.kv_len - n * kBlockN;
+      if (n == last_key_tile && valid < kBlockN) {
+        zero_stale_rows<Config>(smem + Config::kVOffset +
+                                    s * Config::kStageBytes,
+                                valid);
+      }
+    }
+    warpgroup_fence_operand(frag_p);
+    wgmma_batch(mma_pv, frag_p, tOrV(_, _, _, s), acc_o, first_pv);
+    first_pv = false;
+  };
+
+  softmax.reset();
+  FullBarrier::wait(&bar.q_full, q_phase);
+  q_phase ^= 1;
+
+  // First key tile (the last one of the range).
+  int n = last_key_tile;
+  int pv_stage = ring.stage;
+  uint32_t pv_phase = ring.phase;
+  {
+    FullBarrier::wait(&bar.k_full[ring.stage], ring.phase);
+    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, ring.stage), acc_s, true);
+    warpgroup_wait<0>();
+    release(&bar.k_empty[ring.stage]);
+    float alpha[2];
+    softmax_step(n, alpha);
+    convert_p();
+    ring.advance();
+  }
+  for (--n; n >= w.keys.tile_begin; --n) {
+    FullBarrier::wait(&bar.k_full[ring.stage], ring.phase);
+    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, ring.stage), acc_s, true);
+    issue_pv(pv_stage, pv_phase, n + 1);
+    warpgroup_wait<1>();
+    release(&bar.k_empty[ring.stage]);
+    float alpha[2];
+    softmax_step(n, alpha);
+    warpgroup_wait<0>();
+    release(&bar.v_empty[pv_stage]);
+    attention::scale_rows(acc_o, alpha);
+    convert_p();
+    pv_stage = ring.stage;
+    pv_phase = ring.phase;
+    ring.advance();
+  }
+  // Every S = Q K^T of the tile is done: the next tile's Q may come.
+  release(&bar.q_empty);
+  issue_pv(pv_stage, pv_phase, n + 1);
+  warpgroup_wait<0>();
+  release(&bar.v_empty[pv_stage]);
+}
+
+}  // namespace prefill
+}  // namespace hpc

@@ -1,0 +1,66 @@
+// The shared-memory pipeline of the paged prefill kernel: a Q buffer and
+// two rings of kStages stages, K and V, each stage guarded by a full
+// barrier (the producer's copies landed) and an empty barrier (every
+// consumer warp is done reading it). K and V advance together, but a V
+// stage is released one step after the K stage of the same index, since
+// O += P V runs beside the next S = Q K^T.
+#pragma once
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+
+namespace hpc {
+namespace prefill {
+
+using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+using EmptyBarrier = cutlass::arch::ClusterBarrier;
+
+constexpr int kConsumerWarps = 8;
+
+template <int kStages>
+struct PipelineBarriers {
+  uint64_t q_full;
+  uint64_t q_empty;
+  uint64_t k_full[kStages];
+  uint64_t k_empty[kStages];
+  uint64_t v_full[kStages];
+  uint64_t v_empty[kStages];
+
+  // full_arrivals: 1 for TMA (one expect_tx arrival), the producer warps
+  // for stages the producer warpgroup writes itself.
+  __device__ void init(int full_arrivals) {
+    FullBarrier::init(&q_full, full_arrivals);
+    EmptyBarrier::init(&q_empty, kConsumerWarps);
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      FullBarrier::init(&k_full[s], full_arrivals);
+      FullBarrier::init(&v_full[s], full_arrivals);
+      EmptyBarrier::init(&k_empty[s], kConsumerWarps);
+      EmptyBarrier::init(&v_empty[s], kConsumerWarps);
+    }
+  }
+};
+
+// Position in a ring: stage index and the parity of its current phase.
+template <int kStages>
+struct RingState {
+  int stage = 0;
+  uint32_t phase = 0;
+
+  __device__ void advance() {
+    if (++stage == kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// A consumer warp is done with the buffer behind `bar`.
+__device__ __forceinline__ void release(uint64_t* bar) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) EmptyBarrier::arrive(bar);
+}
+
+}  // namespace prefill
+}  // namespace hpc
