@@ -19,7 +19,9 @@ namespace attention {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-__device__ __forceinline__ int row_half_of(int value) { return (value >> 1) & 1; }
+__device__ __forceinline__ int row_half_of(int value) {
+  return (value >> 1) & 1;
+}
 
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

@@ -5,8 +5,8 @@ namespace hpc {
 namespace prefill {
 
 template void launch_prefill_kernel<128>(const PrefillParams&,
-                                        const PrefillSources&, ElemType, int,
-                                        cudaStream_t);
+                                         const PrefillSources&, ElemType, int,
+                                         cudaStream_t);
 
 }  // namespace prefill
 }  // namespace hpc

@@ -35,7 +35,8 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   using namespace cute;
   extern __shared__ uint8_t prefill_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(prefill_smem_raw) + 1023) & ~uintptr_t(1023));
+      (reinterpret_cast<uintptr_t>(prefill_smem_raw) + 1023) &
+      ~uintptr_t(1023));
   __shared__ PipelineBarriers<Config::kStages> bar;
 
   const bool producer = threadIdx.x < kProducerThreads;
@@ -64,8 +65,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
                                  src.q_head_stride, src.k_cache, src.v_cache,
                                  smem, bar);
     } else if (threadIdx.x < 32) {
-      load_tiles_tma<Config>(p, &src.q_map, &src.k_map, &src.v_map, smem,
-                             bar);
+      load_tiles_tma<Config>(p, &src.q_map, &src.k_map, &src.v_map, smem, bar);
     }
     return;
   }

@@ -20,8 +20,8 @@ void launch_config(const PrefillParams& params, const PrefillSources& src,
                    int grid, cudaStream_t stream) {
   auto kernel = prefill_kernel<Config>;
   configure_smem(kernel, Config::kSmemBytes, "prefill_attention");
-  launch_with_pdl(kernel, dim3(grid), dim3(kPrefillThreads),
-                  Config::kSmemBytes, stream, params, src);
+  launch_with_pdl(kernel, dim3(grid), dim3(kPrefillThreads), Config::kSmemBytes,
+                  stream, params, src);
 }
 
 // 16-bit caches run the MMA in the cache's type; FP8 caches are widened to

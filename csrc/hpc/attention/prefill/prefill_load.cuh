@@ -58,8 +58,8 @@ __device__ void load_tiles_tma(const PrefillParams& p,
                                const CUtensorMap* tmap_v, uint8_t* smem,
                                PipelineBarriers<Config::kStages>& bar) {
   constexpr int kBlockN = Config::kBlockN;
-  using KvTile = attention::PagedKvTile<kBlockN, Config::kChunks,
-                                        Config::kRowBytes>;
+  using KvTile =
+      attention::PagedKvTile<kBlockN, Config::kChunks, Config::kRowBytes>;
   const int lane = threadIdx.x % 32;
   const uint32_t q_bytes =
       Config::kChunks * Config::kRowBytes * p.group * p.tile_tokens;
@@ -123,7 +123,8 @@ __device__ __forceinline__ void widen16(const uint4& raw, uint4 (&out)[2]) {
         static_cast<__nv_fp8x2_storage_t>(w[i] & 0xffffu), __NV_E4M3);
     const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(w[i] >> 16), __NV_E4M3);
-    h[2 * i] = static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
+    h[2 * i] =
+        static_cast<uint32_t>(lo.x) | (static_cast<uint32_t>(lo.y) << 16);
     h[2 * i + 1] =
         static_cast<uint32_t>(hi.x) | (static_cast<uint32_t>(hi.y) << 16);
   }
@@ -160,8 +161,7 @@ __device__ void load_tiles_widened(const PrefillParams& p, const void* q,
                                    int64_t q_token_stride,
                                    int64_t q_head_stride,
                                    const PagedCacheView& k_cache,
-                                   const PagedCacheView& v_cache,
-                                   uint8_t* smem,
+                                   const PagedCacheView& v_cache, uint8_t* smem,
                                    PipelineBarriers<Config::kStages>& bar) {
   using namespace cute;
   using Element = typename Config::Element;

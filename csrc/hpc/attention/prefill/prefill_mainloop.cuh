@@ -13,8 +13,8 @@
 
 #include <cstdint>
 
-#include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cute/tensor.hpp>
 
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
@@ -30,9 +30,8 @@ namespace prefill {
 
 // Issues C (+)= A B over the K blocks of A and B as one wgmma batch.
 template <class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_batch(Mma& mma, const TA& a,
-                                            const TB& b, TC& c,
-                                            bool zero_init) {
+__device__ __forceinline__ void wgmma_batch(Mma& mma, const TA& a, const TB& b,
+                                            TC& c, bool zero_init) {
   using namespace cute;
   warpgroup_fence_operand(c);
   warpgroup_arrive();
@@ -146,11 +145,11 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   Tensor sVt = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kVOffset)),
       typename Config::SmemLayoutVt{});
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);    // (V, M, K)
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (V, N, K, stage)
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (V, D, N, stage)
-  Tensor acc_s = partition_fragment_C(
-      mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (V, M, K)
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (V, N, K, stage)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (V, D, N, stage)
+  Tensor acc_s =
+      partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor frag_p = make_tensor<Element>(
       partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   static_assert(size(acc_s) == size(frag_p));
@@ -177,9 +176,8 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
     if constexpr (!Config::kWidenKv) {
       const int valid = w.kv_len - n * kBlockN;
       if (n == last_key_tile && valid < kBlockN) {
-        zero_stale_rows<Config>(smem + Config::kVOffset +
-                                    s * Config::kStageBytes,
-                                valid);
+        zero_stale_rows<Config>(
+            smem + Config::kVOffset + s * Config::kStageBytes, valid);
       }
     }
     warpgroup_fence_operand(frag_p);

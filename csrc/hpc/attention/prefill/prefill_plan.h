@@ -31,13 +31,13 @@ constexpr int kTileRows = 128;
 constexpr int kCostBuckets = 2048;
 
 enum PlanHeader : int {
-  kNumTiles = 0,   // tiles listed
-  kTileTokens,     // tokens per tile (128 / group)
-  kNumKvHeads,     // KV heads the plan was made for
-  kBatch,          // requests planned
-  kMaxBatch,       // layout: requests the workspace holds
-  kMaxTiles,       // layout: tiles the workspace holds
-  kCostShift,      // bucket = keys seen >> shift
+  kNumTiles = 0,  // tiles listed
+  kTileTokens,    // tokens per tile (128 / group)
+  kNumKvHeads,    // KV heads the plan was made for
+  kBatch,         // requests planned
+  kMaxBatch,      // layout: requests the workspace holds
+  kMaxTiles,      // layout: tiles the workspace holds
+  kCostShift,     // bucket = keys seen >> shift
   kHeaderSize = 8,
 };
 

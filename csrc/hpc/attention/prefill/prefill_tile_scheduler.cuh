@@ -46,8 +46,7 @@ class TileScheduler {
   __device__ bool next(TileWork& w) {
     const int ctas = static_cast<int>(gridDim.x);
     const int cta = static_cast<int>(blockIdx.x);
-    const int index =
-        round_ * ctas + ((round_ & 1) ? ctas - 1 - cta : cta);
+    const int index = round_ * ctas + ((round_ & 1) ? ctas - 1 - cta : cta);
     ++round_;
     if (index >= num_tiles_) return false;
     const Tile t = unpack_tile(tiles_ + 2 * static_cast<int64_t>(index));
