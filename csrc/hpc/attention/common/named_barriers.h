@@ -8,7 +8,9 @@ namespace attention {
 
 // Paged prefill (prefill_kernel.cuh): the two consumer warpgroups.
 enum class PrefillBarrier : int {
-  kConsumers = 1,  // both consumer warpgroups (256 threads)
+  kConsumers = 1,   // both consumer warpgroups (256 threads)
+  kWarpgroup0Turn,  // consumer warpgroup 0 may issue its wgmma
+  kWarpgroup1Turn,  // consumer warpgroup 1 may issue its wgmma
 };
 
 }  // namespace attention

@@ -60,6 +60,10 @@ struct PrefillConfig {
   static constexpr int kSmemBytes = kTileBytes + 1024;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory");
 
+  // Consumer warpgroups issue their wgmma in turns (prefill_mainloop.cuh)
+  // where a warpgroup's softmax is long beside its matrix products.
+  static constexpr bool kTakeTurns = kHeadDim <= 128;
+
   // Register budgets after reallocation (sum <= 64K registers).
   static constexpr int kProducerRegs = kWidenKv ? 96 : 40;
   static constexpr int kConsumerRegs = kWidenKv ? 200 : 232;

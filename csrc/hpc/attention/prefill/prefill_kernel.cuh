@@ -86,16 +86,20 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   RingState<Config::kStages> ring;
   uint32_t q_phase = 0;
   attention::OnlineSoftmax softmax;
+  const WarpgroupTurns<Config::kTakeTurns> turns{tid / 128};
+  turns.start();
   while (scheduler.next(w)) {
     const RowInfo info = row_info(p, w, rows);
     if (w.empty()) {
       clear(acc_o);
       softmax.reset();
     } else {
-      mma_tile<Config>(p, w, info, smem, bar, ring, q_phase, acc_o, softmax);
+      mma_tile<Config>(p, w, info, smem, bar, ring, q_phase, turns, acc_o,
+                       softmax);
     }
     store_tile<Config>(p, info, acc_o, softmax);
   }
+  turns.finish();
 }
 
 }  // namespace prefill

@@ -118,6 +118,35 @@ __device__ void zero_stale_rows(uint8_t* stage, int valid) {
                      kConsumerThreads);
 }
 
+// The consumer warpgroups issue their wgmma batches in turns (when
+// kEnabled): while one warpgroup's S = Q K^T and O += P V run, the other
+// computes its softmax, so the tensor cores alternate between them instead
+// of both warpgroups' batches queueing together. Every take() of one
+// warpgroup is matched by a pass() of the other; warpgroup 0 goes first.
+template <bool kEnabled>
+struct WarpgroupTurns {
+  int warpgroup;
+
+  static constexpr int kThreads = 256;  // the waiting and the passing one
+
+  __device__ static int id(int wg) {
+    return static_cast<int>(attention::PrefillBarrier::kWarpgroup0Turn) + wg;
+  }
+  __device__ void start() const {
+    if (kEnabled && warpgroup == 1) named_barrier_arrive(id(0), kThreads);
+  }
+  __device__ void take() const {
+    if (kEnabled) named_barrier_sync(id(warpgroup), kThreads);
+  }
+  __device__ void pass() const {
+    if (kEnabled) named_barrier_arrive(id(1 - warpgroup), kThreads);
+  }
+  // Warpgroup 1's start() left warpgroup 0 one turn ahead.
+  __device__ void finish() const {
+    if (kEnabled && warpgroup == 0) named_barrier_sync(id(0), kThreads);
+  }
+};
+
 // Runs one query tile; leaves O (unnormalised) in `acc_o` and the row
 // statistics in `softmax`. `ring` and `q_phase` carry the pipeline's
 // position from tile to tile.
@@ -126,6 +155,7 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
                          const RowInfo& rows, uint8_t* smem,
                          PipelineBarriers<Config::kStages>& bar,
                          RingState<Config::kStages>& ring, uint32_t& q_phase,
+                         const WarpgroupTurns<Config::kTakeTurns>& turns,
                          FragO& acc_o, attention::OnlineSoftmax& softmax) {
   using namespace cute;
   using Element = typename Config::Element;
@@ -170,16 +200,7 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   };
   // O += P V over stage s; the first product of the tile initialises O.
   bool first_pv = true;
-  const int last_key_tile = w.keys.tile_end - 1;
-  auto issue_pv = [&](int s, uint32_t phase, int n) {
-    FullBarrier::wait(&bar.v_full[s], phase);
-    if constexpr (!Config::kWidenKv) {
-      const int valid = w.kv_len - n * kBlockN;
-      if (n == last_key_tile && valid < kBlockN) {
-        zero_stale_rows<Config>(
-            smem + Config::kVOffset + s * Config::kStageBytes, valid);
-      }
-    }
+  auto issue_pv = [&](int s) {
     warpgroup_fence_operand(frag_p);
     wgmma_batch(mma_pv, frag_p, tOrV(_, _, _, s), acc_o, first_pv);
     first_pv = false;
@@ -190,23 +211,37 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   q_phase ^= 1;
 
   // First key tile (the last one of the range).
-  int n = last_key_tile;
+  int n = w.keys.tile_end - 1;
   int pv_stage = ring.stage;
   uint32_t pv_phase = ring.phase;
   {
     FullBarrier::wait(&bar.k_full[ring.stage], ring.phase);
+    turns.take();
     wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, ring.stage), acc_s, true);
+    turns.pass();
     warpgroup_wait<0>();
     release(&bar.k_empty[ring.stage]);
     float alpha[2];
     softmax_step(n, alpha);
     convert_p();
+    if constexpr (!Config::kWidenKv) {
+      // The sequence's last key tile (read first) may hold stale slots.
+      const int valid = w.kv_len - n * kBlockN;
+      if (valid < kBlockN) {
+        FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);
+        zero_stale_rows<Config>(
+            smem + Config::kVOffset + pv_stage * Config::kStageBytes, valid);
+      }
+    }
     ring.advance();
   }
   for (--n; n >= w.keys.tile_begin; --n) {
     FullBarrier::wait(&bar.k_full[ring.stage], ring.phase);
+    FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);
+    turns.take();
     wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, ring.stage), acc_s, true);
-    issue_pv(pv_stage, pv_phase, n + 1);
+    issue_pv(pv_stage);
+    turns.pass();
     warpgroup_wait<1>();
     release(&bar.k_empty[ring.stage]);
     float alpha[2];
@@ -221,7 +256,10 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   }
   // Every S = Q K^T of the tile is done: the next tile's Q may come.
   release(&bar.q_empty);
-  issue_pv(pv_stage, pv_phase, n + 1);
+  FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);
+  turns.take();
+  issue_pv(pv_stage);
+  turns.pass();
   warpgroup_wait<0>();
   release(&bar.v_empty[pv_stage]);
 }
