@@ -36,7 +36,11 @@ import torch
 from decode_reference import FP8_DTYPE, CacheLayout, bitwise_equal
 from prefill_reference import PrefillInputs, make_prefill_inputs
 
-import vllm._hpc_ops as hpc_ops
+from vllm._hpc_ops import (
+    PrefillWorkspace,
+    prefill_attention,
+    prefill_attention_unchecked,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -162,17 +166,13 @@ class Case:
         lens = kwargs.pop("lens", self.lens)
         return make_prefill_inputs(lens, **kwargs)  # type: ignore[arg-type]
 
-    def workspace(self, inputs: PrefillInputs) -> hpc_ops.PrefillWorkspace:
+    def workspace(self, inputs: PrefillInputs) -> PrefillWorkspace:
         kwargs = inputs.workspace_kwargs(self.spare_tokens, self.spare_batch)
-        return hpc_ops.PrefillWorkspace.create(**kwargs)  # type: ignore[arg-type]
+        return PrefillWorkspace.create(**kwargs)  # type: ignore[arg-type]
 
 
-def _run(
-    inputs: PrefillInputs, ws: hpc_ops.PrefillWorkspace, checked: bool = True
-) -> None:
-    attention = (
-        hpc_ops.prefill_attention if checked else hpc_ops.prefill_attention_unchecked
-    )
+def _run(inputs: PrefillInputs, ws: PrefillWorkspace, checked: bool = True) -> None:
+    attention = prefill_attention if checked else prefill_attention_unchecked
     ws.plan(inputs.query_start_loc, inputs.seq_lens)
     attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
