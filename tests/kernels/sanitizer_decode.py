@@ -1,29 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Small split-KV decode runs (GPU planner, decode kernel, combine) for
-compute-sanitizer.
+compute-sanitizer: memcheck, racecheck and synccheck.
 
-Run from the repository root, for example::
+Run from the repository root (case names as arguments run only those), for
+example::
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
         --error-exitcode 1 python tests/kernels/sanitizer_decode.py
-    compute-sanitizer --tool racecheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_decode.py
-    compute-sanitizer --tool synccheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_decode.py
 
-(Without the caching allocator every tensor is its own allocation, so
-memcheck sees out-of-bounds accesses that would otherwise land in pooled
-memory.) Unused cache blocks and the slots past each sequence hold NaN, and
-each case is checked against the float64 reference too; the script exits 1
-on a mismatch, or when no sm90 GPU or no ``_hpc_C`` library is present.
+and the same under the other tools (``sanitizer_runner.py`` has their
+command lines and the exit status). Unused cache blocks and the slots past
+each sequence hold NaN, and each case is checked against the float64
+reference too.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from types import ModuleType
 
+import sanitizer_runner
 import torch
 from decode_reference import (
     FP8_DTYPE,
@@ -31,9 +28,6 @@ from decode_reference import (
     check_decode,
     make_decode_inputs,
 )
-from rope_norm_reference import import_hpc_ops
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Small, but each exercises a different path. "inputs" go to
 # make_decode_inputs, "workspace" to DecodeWorkspace.create; "split" says
@@ -133,56 +127,38 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("sanitizer_decode: no CUDA GPU is available")
-        return 1
-    if torch.cuda.get_device_capability() != (9, 0):
-        name = torch.cuda.get_device_name()
-        print(f"sanitizer_decode: needs an sm90 GPU, not {name}")
-        return 1
-    hpc_ops = import_hpc_ops(REPO_ROOT)
-    if not hpc_ops.hpc_ops_available():
-        print("sanitizer_decode: the _hpc_C library is not built or not loadable")
-        return 1
+def run_case(
+    hpc_ops: ModuleType,
+    case: sanitizer_runner.Case,
+    seed: int,
+    check: sanitizer_runner.Check,
+) -> None:
+    name = str(case["name"])
+    inputs = make_decode_inputs(**case["inputs"], seed=seed, device="cuda")  # type: ignore[arg-type]
+    ws_kwargs = dict(case["workspace"])  # type: ignore[call-overload]
+    if "mode" in ws_kwargs:
+        ws_kwargs["mode"] = hpc_ops.SplitMode[ws_kwargs["mode"]]
+    ws = hpc_ops.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
+    ws.plan(inputs.kv_lens, inputs.query_tokens)
+    hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
+    torch.cuda.synchronize()
+    plan = ws.read_plan()
 
-    failures = 0
-    for i, case in enumerate(CASES):
-        name = case["name"]
-        inputs = make_decode_inputs(**case["inputs"], seed=i, device="cuda")  # type: ignore[arg-type]
-        ws_kwargs = dict(case["workspace"])  # type: ignore[call-overload]
-        if "mode" in ws_kwargs:
-            ws_kwargs["mode"] = hpc_ops.SplitMode[ws_kwargs["mode"]]
-        ws = hpc_ops.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
-        ws.plan(inputs.kv_lens, inputs.query_tokens)
-        hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
-        torch.cuda.synchronize()
-        plan = ws.read_plan()
-        try:
-            stats = check_decode(
-                inputs.out,
-                inputs.reference(),
-                inputs.lens,
-                inputs.query_tokens,
-                fp8=inputs.fp8,
-                what=str(name),
-            )
-            if case["split"]:
-                assert plan.num_partials > 0, f"{name}: the plan split nothing"
-        except AssertionError as err:
-            failures += 1
-            print(f"FAIL {name}: {err}")
-        else:
-            print(
-                f"ok   {name}: {stats} (CTAs {plan.num_ctas}, "
-                f"partial rows {plan.num_partials})"
-            )
-    if failures:
-        print(f"sanitizer_decode: {failures} of {len(CASES)} cases failed")
-        return 1
-    print(f"sanitizer_decode: all {len(CASES)} cases passed")
-    return 0
+    def verify() -> str:
+        stats = check_decode(
+            inputs.out,
+            inputs.reference(),
+            inputs.lens,
+            inputs.query_tokens,
+            fp8=inputs.fp8,
+            what=name,
+        )
+        if case["split"]:
+            assert plan.num_partials > 0, f"{name}: the plan split nothing"
+        return f"{stats} (CTAs {plan.num_ctas}, partial rows {plan.num_partials})"
+
+    check(name, verify)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sanitizer_runner.main("sanitizer_decode", __doc__, CASES, run_case))

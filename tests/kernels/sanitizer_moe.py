@@ -1,41 +1,34 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Small fused FP8 MoE runs (routing, input quantization, both grouped
-GEMMs, the top-k reduction, and the decode path) for compute-sanitizer.
+GEMMs, the top-k reduction, and the decode path) for compute-sanitizer:
+memcheck, racecheck, synccheck and initcheck.
 
 Run from the repository root (case names as arguments run only those), for
 example::
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
         --error-exitcode 1 python tests/kernels/sanitizer_moe.py
-    compute-sanitizer --tool racecheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_moe.py
-    compute-sanitizer --tool synccheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_moe.py
-    compute-sanitizer --tool initcheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_moe.py
 
-(Without the caching allocator every tensor is its own allocation, so
-memcheck sees out-of-bounds accesses that would otherwise land in pooled
-memory.) ``out`` holds NaN before each run, and each case is checked
-against the float64 reference; the script exits 1 on a mismatch, or when no
-sm90 GPU or no ``_hpc_C`` library with the MoE op is present.
+and the same under the other tools (``sanitizer_runner.py`` has their
+command lines and the exit status). ``out`` holds NaN before each run, and
+each case is checked against the float64 reference; the ``_hpc_C`` library
+must have the MoE op.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from pathlib import Path
+from types import ModuleType
 
+import sanitizer_runner
 import torch
 from moe_reference import (
     FP8_DTYPE,
     make_moe_inputs,
     make_moe_weights,
 )
-from rope_norm_reference import import_hpc_ops
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Small, but each exercises a different path. "weights" go to
 # make_moe_weights, "inputs" to make_moe_inputs; "spare" extra workspace
@@ -165,83 +158,58 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("sanitizer_moe: no CUDA GPU is available")
-        return 1
-    if torch.cuda.get_device_capability() != (9, 0):
-        name = torch.cuda.get_device_name()
-        print(f"sanitizer_moe: needs an sm90 GPU, not {name}")
-        return 1
-    hpc_ops = import_hpc_ops(REPO_ROOT)
-    if not hpc_ops.hpc_ops_available() or not hasattr(
-        torch.ops._hpc_C, "fused_moe_fp8"
-    ):
-        print("sanitizer_moe: the _hpc_C library with fused_moe_fp8 is not built")
-        return 1
+def run_case(
+    hpc_ops: ModuleType,
+    case: sanitizer_runner.Case,
+    seed: int,
+    check: sanitizer_runner.Check,
+) -> None:
+    name = str(case["name"])
+    weights = make_moe_weights(
+        **case["weights"],  # type: ignore[arg-type]
+        seed=seed,
+        device="cuda",
+    )
+    inputs_kwargs = dict(case["inputs"])  # type: ignore[call-overload]
+    num_tokens = inputs_kwargs.pop("num_tokens")
+    topk = inputs_kwargs.pop("topk")
+    inputs = make_moe_inputs(weights, num_tokens, topk, seed=seed, **inputs_kwargs)
+    max_tokens = num_tokens + int(case["spare"])  # type: ignore[call-overload]
+    ws = hpc_ops.MoeWorkspace.create(**inputs.workspace_kwargs(max_tokens))
+    tiling = hpc_ops.moe_tiling(
+        num_tokens,
+        topk,
+        weights.w13.shape[0],
+        inputs.num_global_experts,
+        weights.w13.shape[2],
+        weights.w2.shape[2],
+        torch.cuda.get_device_properties(0).multi_processor_count,
+        weights.block_wise,
+    )
 
-    # Case names on the command line run only those (racecheck is slow).
-    selected = set(sys.argv[1:])
-    unknown = selected - {str(case["name"]) for case in CASES}
-    if unknown:
-        print(f"sanitizer_moe: unknown cases {sorted(unknown)}")
-        return 1
-    failures = 0
-    runs = 0
-    for i, case in enumerate(CASES):
-        name = case["name"]
-        if selected and name not in selected:
-            continue
-        runs += 1
-        weights = make_moe_weights(
-            **case["weights"],  # type: ignore[arg-type]
-            seed=i,
-            device="cuda",
+    def verify(label: str) -> str:
+        stats = inputs.check(label)
+        idle = int(inputs.unrouted().sum())
+        return f"{stats} (tokens with no local expert: {idle}; {tiling})"
+
+    # Twice on one workspace: the second run finds the split-K counters the
+    # first one left behind.
+    for run in range(2):
+        inputs.poison_out()
+        hpc_ops.fused_moe_fp8(
+            *inputs.op_args(),
+            ws,
+            **inputs.op_kwargs(),
+            global_num_experts=inputs.num_global_experts,
         )
-        inputs_kwargs = dict(case["inputs"])  # type: ignore[call-overload]
-        num_tokens = inputs_kwargs.pop("num_tokens")
-        topk = inputs_kwargs.pop("topk")
-        inputs = make_moe_inputs(weights, num_tokens, topk, seed=i, **inputs_kwargs)
-        max_tokens = num_tokens + int(case["spare"])  # type: ignore[call-overload]
-        ws = hpc_ops.MoeWorkspace.create(**inputs.workspace_kwargs(max_tokens))
-        tiling = hpc_ops.moe_tiling(
-            num_tokens,
-            topk,
-            weights.w13.shape[0],
-            inputs.num_global_experts,
-            weights.w13.shape[2],
-            weights.w2.shape[2],
-            torch.cuda.get_device_properties(0).multi_processor_count,
-            weights.block_wise,
-        )
-        # Twice on one workspace: the second run finds the split-K counters
-        # the first one left behind.
-        for run in range(2):
-            inputs.poison_out()
-            hpc_ops.fused_moe_fp8(
-                *inputs.op_args(),
-                ws,
-                **inputs.op_kwargs(),
-                global_num_experts=inputs.num_global_experts,
-            )
-            torch.cuda.synchronize()
-            try:
-                stats = inputs.check(f"{name} run {run}")
-            except AssertionError as err:
-                failures += 1
-                print(f"FAIL {name} run {run}: {err}")
-            else:
-                idle = int(inputs.unrouted().sum())
-                print(
-                    f"ok   {name} run {run}: {stats} (tokens with no local "
-                    f"expert: {idle}; {tiling})"
-                )
-    if failures:
-        print(f"sanitizer_moe: {failures} of {2 * runs} runs failed")
-        return 1
-    print(f"sanitizer_moe: all {runs} cases passed")
-    return 0
+        torch.cuda.synchronize()
+        label = f"{name} run {run}"
+        check(label, functools.partial(verify, label))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        sanitizer_runner.main(
+            "sanitizer_moe", __doc__, CASES, run_case, required_op="fused_moe_fp8"
+        )
+    )

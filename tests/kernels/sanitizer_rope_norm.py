@@ -1,26 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Small ``rope_norm_store_kv`` runs for compute-sanitizer.
+"""Small ``rope_norm_store_kv`` runs for compute-sanitizer: memcheck and
+racecheck.
 
-Run from the repository root, for example::
+Run from the repository root (case names as arguments run only those), for
+example::
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
         --error-exitcode 1 python tests/kernels/sanitizer_rope_norm.py
-    compute-sanitizer --tool racecheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_rope_norm.py
 
-(Without the caching allocator every tensor is its own allocation, so
-memcheck sees out-of-bounds accesses that would otherwise land in pooled
-memory.) Each case is checked against the float32 reference too; the script
-exits 1 on a mismatch, or when no sm90 GPU or no ``_hpc_C`` library is
-present.
+and the same under racecheck (``sanitizer_runner.py`` has the command lines
+and the exit status). Each case is checked against the float32 reference
+too.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from types import ModuleType
 
+import sanitizer_runner
 import torch
 from rope_norm_reference import (
     FP8_DTYPE,
@@ -29,17 +28,16 @@ from rope_norm_reference import (
     NORM_ROPE_THEN_NORM,
     KvLayout,
     check_outputs,
-    import_hpc_ops,
     make_prologue_inputs,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Small, but each exercises a different path: both layouts, both RoPE
 # styles, partial rotary, every norm policy, FP8 cache and Q, padding,
 # the smallest block and a token count that is not a multiple of any tile.
+# "name" names a case; the other entries go to make_prologue_inputs.
 CASES: list[dict[str, object]] = [
     dict(
+        name="bf16-d128-gqa8-bs16-hpc-norm-rope",
         num_tokens=37,
         num_q_heads=16,
         num_kv_heads=2,
@@ -50,6 +48,7 @@ CASES: list[dict[str, object]] = [
         num_padding=3,
     ),
     dict(
+        name="fp16-d64-gqa1-bs32-nhd-gptj-partial",
         num_tokens=37,
         num_q_heads=8,
         num_kv_heads=8,
@@ -64,6 +63,7 @@ CASES: list[dict[str, object]] = [
         norm_weight_dtype=torch.float16,
     ),
     dict(
+        name="fp8-d256-gqa5-bs64-hpc-no-norm",
         num_tokens=37,
         num_q_heads=40,
         num_kv_heads=8,
@@ -77,6 +77,7 @@ CASES: list[dict[str, object]] = [
         index_dtype=torch.int32,
     ),
     dict(
+        name="fp8-d128-gqa8-bs64-nhd-5-tokens",
         num_tokens=5,
         num_q_heads=64,
         num_kv_heads=8,
@@ -91,6 +92,7 @@ CASES: list[dict[str, object]] = [
     # More tiles than two CTAs per SM on any Hopper part: every CTA cycles
     # through its ring of shared-memory stages more than once.
     dict(
+        name="bf16-600-tokens-stage-ring",
         num_tokens=600,
         num_q_heads=64,
         num_kv_heads=8,
@@ -103,39 +105,25 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("sanitizer_rope_norm: no CUDA GPU is available")
-        return 1
-    if torch.cuda.get_device_capability() != (9, 0):
-        name = torch.cuda.get_device_name()
-        print(f"sanitizer_rope_norm: needs an sm90 GPU, not {name}")
-        return 1
-    hpc_ops = import_hpc_ops(REPO_ROOT)
-    if not hpc_ops.hpc_ops_available():
-        print("sanitizer_rope_norm: the _hpc_C library is not built or not loadable")
-        return 1
+def run_case(
+    hpc_ops: ModuleType,
+    case: sanitizer_runner.Case,
+    seed: int,
+    check: sanitizer_runner.Check,
+) -> None:
+    name = str(case["name"])
+    kwargs = {key: value for key, value in case.items() if key != "name"}
+    inputs = make_prologue_inputs(**kwargs, seed=seed, device="cuda")  # type: ignore[arg-type]
+    qkv_before = inputs.qkv.clone()
+    hpc_ops.rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
+    torch.cuda.synchronize()
 
-    failures = 0
-    for i, case in enumerate(CASES):
-        inputs = make_prologue_inputs(**case, seed=i, device="cuda")  # type: ignore[arg-type]
-        qkv_before = inputs.qkv.clone()
-        hpc_ops.rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
-        torch.cuda.synchronize()
-        try:
-            stats = check_outputs(inputs, qkv_before, f"case {i}")
-        except AssertionError as err:
-            failures += 1
-            print(f"FAIL case {i}: {err}")
-        else:
-            summary = ", ".join(f"{name} {s}" for name, s in stats.items())
-            print(f"ok   case {i}: {summary}")
-    if failures:
-        print(f"sanitizer_rope_norm: {failures} of {len(CASES)} cases failed")
-        return 1
-    print(f"sanitizer_rope_norm: all {len(CASES)} cases passed")
-    return 0
+    def verify() -> str:
+        stats = check_outputs(inputs, qkv_before, name)
+        return ", ".join(f"{what} {s}" for what, s in stats.items())
+
+    check(name, verify)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(sanitizer_runner.main("sanitizer_rope_norm", __doc__, CASES, run_case))

@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Small paged prefill runs (GPU planner and prefill kernel) for
+compute-sanitizer: memcheck, racecheck, synccheck and initcheck.
+
+Run from the repository root (case names as arguments run only those), for
+example::
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
+        --error-exitcode 1 python tests/kernels/sanitizer_prefill.py
+
+and the same under the other tools (``sanitizer_runner.py`` has their
+command lines and the exit status). Spare cache blocks and the slots past
+each request's KV length hold NaN, ``out`` holds NaN before the run, and
+each case is checked against the float64 reference too; the ``_hpc_C``
+library must have the prefill op.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+import sanitizer_runner
+import torch
+from decode_reference import FP8_DTYPE, CacheLayout
+from prefill_reference import make_prefill_inputs
+
+# Small, but each exercises a different path. "inputs" go to
+# make_prefill_inputs; "lens" are (q_len, kv_len) pairs, the first
+# kv_len - q_len keys being cached context.
+CASES: list[dict[str, object]] = [
+    # bf16, D=128, GQA 8 (16-token tiles), the smallest block; 1, 65 and 300
+    # query tokens after contexts.
+    dict(
+        name="bf16-d128-gqa8-bs16",
+        inputs=dict(
+            lens=[(1, 100), (65, 65), (300, 700)],
+            num_q_heads=16,
+            num_kv_heads=2,
+            head_size=128,
+            block_size=16,
+        ),
+    ),
+    # fp16, D=64, GQA 1, the largest block, HPC layout; sliding window and
+    # soft-cap: the first key tiles of the long rows are skipped.
+    dict(
+        name="fp16-d64-gqa1-bs64-window-softcap",
+        inputs=dict(
+            lens=[(1, 150), (100, 600), (64, 64)],
+            num_q_heads=4,
+            num_kv_heads=4,
+            head_size=64,
+            block_size=64,
+            kv_dtype=torch.float16,
+            layout=CacheLayout.HPC,
+            window=100,
+            softcap=30.0,
+            scale=0.5,
+        ),
+    ),
+    # FP8 cache and FP8 queries (per-token-per-head scales) into an fp16
+    # output, D=256, GQA 5 (25 tokens in 125 rows), stacked K/V tensor.
+    dict(
+        name="fp8-kv-fp8-q-d256-gqa5-bs32",
+        inputs=dict(
+            lens=[(70, 70), (129, 200), (5, 300)],
+            num_q_heads=10,
+            num_kv_heads=2,
+            head_size=256,
+            block_size=32,
+            kv_dtype=FP8_DTYPE,
+            q_dtype=FP8_DTYPE,
+            out_dtype=torch.float16,
+            layout=CacheLayout.STACKED,
+        ),
+    ),
+]
+
+
+def run_case(
+    hpc_ops: ModuleType,
+    case: sanitizer_runner.Case,
+    seed: int,
+    check: sanitizer_runner.Check,
+) -> None:
+    name = str(case["name"])
+    inputs = make_prefill_inputs(**case["inputs"], seed=seed, device="cuda")  # type: ignore[arg-type]
+    ws = hpc_ops.PrefillWorkspace.create(**inputs.workspace_kwargs())
+    inputs.poison_out()
+    ws.plan(inputs.query_start_loc, inputs.seq_lens)
+    hpc_ops.prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
+    torch.cuda.synchronize()
+
+    def verify() -> str:
+        return str(inputs.check(name))
+
+    check(name, verify)
+
+
+if __name__ == "__main__":
+    sys.exit(
+        sanitizer_runner.main(
+            "sanitizer_prefill",
+            __doc__,
+            CASES,
+            run_case,
+            required_op="prefill_attention",
+        )
+    )
