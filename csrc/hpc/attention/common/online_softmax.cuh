@@ -23,6 +23,13 @@ __device__ __forceinline__ int row_half_of(int value) {
   return (value >> 1) & 1;
 }
 
+// Column of value i within the accumulator tile: 8-column block i / 4,
+// column pair 2 * (lane % 4), then i % 2. With i known at compile time this
+// is one register plus an immediate.
+__device__ __forceinline__ int fragment_column(int value, int lane) {
+  return (value >> 2) * 8 + 2 * (lane & 3) + (value & 1);
+}
+
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));

@@ -31,12 +31,6 @@ template <class Config, class FragO>
 __device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
                            FragO& acc_o, attention::OnlineSoftmax& softmax) {
   using namespace cute;
-  constexpr int kBlockM = Config::kBlockM;
-  constexpr int kHeadDim = Config::kHeadDim;
-  typename Config::TiledMmaPV mma_pv;
-  auto thr_pv = mma_pv.get_thread_slice(threadIdx.x - kProducerThreads);
-  const Tensor coord_o = thr_pv.partition_C(
-      make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   float inv_sum[2], lse[2];
   softmax.finish(inv_sum, lse);
   const float v_scale = p.v_scale ? *p.v_scale : 1.f;
@@ -54,7 +48,7 @@ __device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
   for (int i = 0; i < size(acc_o); i += 2) {
     const int h = attention::row_half_of(i);
     if (!rows.live[h]) continue;
-    const int col = get<1>(coord_o(i));
+    const int col = attention::fragment_column(i, threadIdx.x % 32);
     *reinterpret_cast<uint32_t*>(row_out[h] + col) =
         pack_out(acc_o(i) * inv_sum[h], acc_o(i + 1) * inv_sum[h], bf16);
   }

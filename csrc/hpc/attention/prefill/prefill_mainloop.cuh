@@ -77,11 +77,10 @@ __device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
 }
 
 // Logits of key tile n in place: scale, soft-cap, mask (kMask).
-template <bool kMask, class FragS, class CoordS>
+template <bool kMask, class FragS>
 __device__ __forceinline__ void logits(const PrefillParams& p,
                                        const TileWork& w, const RowInfo& r,
-                                       int key0, FragS& s,
-                                       const CoordS& coord) {
+                                       int key0, FragS& s) {
   const float cap = p.softcap * attention::kLog2e;
 #pragma unroll
   for (int i = 0; i < int(cute::size(s)); ++i) {
@@ -89,7 +88,7 @@ __device__ __forceinline__ void logits(const PrefillParams& p,
     float x = s(i) * r.scale[h];
     if (p.softcap > 0.f) x = cap * tanhf(x);
     if constexpr (kMask) {
-      const int key = key0 + cute::get<1>(coord(i));
+      const int key = key0 + attention::fragment_column(i, threadIdx.x % 32);
       x = attention::key_visible(key, r.pos[h], w.kv_len, p.window) ? x
                                                                     : -INFINITY;
     }
@@ -183,14 +182,12 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   Tensor frag_p = make_tensor<Element>(
       partition_shape_A(mma_pv, Shape<Int<kBlockM>, Int<kBlockN>>{}));
   static_assert(size(acc_s) == size(frag_p));
-  const Tensor coord_s = thr_qk.partition_C(
-      make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
 
   auto softmax_step = [&](int n, float (&alpha)[2]) {
     if (w.keys.interior(n)) {
-      logits<false>(p, w, rows, n * kBlockN, acc_s, coord_s);
+      logits<false>(p, w, rows, n * kBlockN, acc_s);
     } else {
-      logits<true>(p, w, rows, n * kBlockN, acc_s, coord_s);
+      logits<true>(p, w, rows, n * kBlockN, acc_s);
     }
     softmax.update(acc_s, alpha);
   };
