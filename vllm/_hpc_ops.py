@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import glob
+import math
 import os
 
 import torch
@@ -29,6 +30,8 @@ __all__ = [
     "MOE_MAX_TOPK",
     "MoeTiling",
     "MoeWorkspace",
+    "PrefillPlan",
+    "PrefillWorkspace",
     "SplitMode",
     "QkNormPolicy",
     "SUPPORTED_BLOCK_SIZES",
@@ -39,6 +42,8 @@ __all__ = [
     "moe_tiling",
     "hpc_ops_available",
     "plan_decode_host",
+    "prefill_attention",
+    "prefill_attention_unchecked",
     "rope_norm_store_kv",
 ]
 
@@ -1046,6 +1051,468 @@ def decode_attention(
 
 
 # ---------------------------------------------------------------------------
+# Paged prefill: tile planner and prefill / chunked-prefill attention
+# ---------------------------------------------------------------------------
+
+# Header fields of a prefill plan, in order (prefill_plan.h PlanHeader).
+_PREFILL_PLAN_HEADER = 8
+_PREFILL_HEADER_FIELDS = (
+    "num_tiles",
+    "tile_tokens",
+    "num_kv_heads",
+    "batch",
+    "max_batch",
+    "max_tiles",
+    "cost_shift",
+)
+# A packed tile keeps its KV head in the low 8 bits (prefill_plan.h).
+_PREFILL_MAX_KV_HEADS = 256
+_INT32_MAX = 2**31 - 1
+_PREFILL_DEVICES = ("cuda", "meta")
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPlan:
+    """A prefill plan copied to the host, for tests and host-side callers.
+
+    The plan lists every (request, m-block, KV head) tile of the batch: an
+    m-block is ``tile_tokens`` consecutive query tokens of one request, all
+    query heads of one KV head. Tiles come longest first by cost bucket
+    (keys the block's last query token sees, shifted right by
+    ``cost_shift``), KV-head-major inside each bucket.
+    """
+
+    num_tiles: int
+    tile_tokens: int
+    num_kv_heads: int
+    batch: int
+    max_batch: int
+    max_tiles: int
+    cost_shift: int
+    request_first_item: torch.Tensor  # int32 [batch + 1]: m-block prefix
+    tiles: torch.Tensor  # int32 [num_tiles, 3]: request, m_block, kv_head
+
+    @classmethod
+    def from_buffer(cls, plan: torch.Tensor) -> PrefillPlan:
+        """Reads a plan buffer written by ``plan_prefill`` (synchronises)."""
+        plan = plan.cpu()
+        values = plan[: len(_PREFILL_HEADER_FIELDS)].tolist()
+        header = dict(zip(_PREFILL_HEADER_FIELDS, map(int, values), strict=True))
+        first = _PREFILL_PLAN_HEADER
+        at = first + header["max_batch"] + 1
+        packed = plan[at : at + 2 * header["num_tiles"]].view(-1, 2)
+        tiles = torch.stack(
+            (packed[:, 0], packed[:, 1] >> 8, packed[:, 1] & 0xFF), dim=1
+        )
+        return cls(
+            **header,
+            request_first_item=plan[first : first + header["batch"] + 1],
+            tiles=tiles,
+        )
+
+
+def _check_lengths(
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, device: torch.device
+) -> int:
+    """query_start_loc int32 [batch + 1] and seq_lens int32 [batch], 1-D and
+    contiguous on `device`; returns batch."""
+    for name, t, layout in (
+        ("query_start_loc", query_start_loc, "[batch + 1]"),
+        ("seq_lens", seq_lens, "[batch]"),
+    ):
+        _check_tensor(name, t)
+        _check_ndim(name, t, 1, layout)
+        _check_dtype(name, t, (torch.int32,))
+        if t.device != device:
+            raise ValueError(
+                f"{name} is on {t.device}; expected the workspace's device {device}"
+            )
+        _check_contiguous(name, t)
+    batch = seq_lens.shape[0]
+    if query_start_loc.shape[0] != batch + 1:
+        raise ValueError(
+            f"query_start_loc has {query_start_loc.shape[0]} entries; expected "
+            f"batch + 1 = {batch + 1} (seq_lens has {batch})"
+        )
+    return batch
+
+
+@dataclasses.dataclass
+class PrefillWorkspace:
+    """The tile plan of paged prefill attention.
+
+    Created once for the largest step (``max_tokens`` query tokens in up to
+    ``max_batch`` requests) and reused: :meth:`plan` runs the planner for the
+    step's lengths, once for all layers, and :func:`prefill_attention`
+    follows the plan. Nothing is allocated per call, so both are CUDA-graph
+    capturable.
+    """
+
+    plan_buffer: torch.Tensor  # int32, flat
+    max_tokens: int
+    max_batch: int
+    num_q_heads: int
+    num_kv_heads: int
+    max_tiles: int
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        max_tokens: int,
+        max_batch: int,
+        num_q_heads: int,
+        num_kv_heads: int,
+        device: torch.device | str,
+    ) -> PrefillWorkspace:
+        """Allocates a plan for up to ``max_tokens`` query tokens in up to
+        ``max_batch`` requests with ``num_q_heads`` / ``num_kv_heads`` heads.
+        ``device``: a CUDA device (the GPU planner), or the CPU, where
+        :meth:`plan` runs the host planner (for tests; the attention itself
+        needs CUDA)."""
+        device = torch.device(device)
+        if device.type not in ("cuda", "cpu"):
+            raise ValueError(
+                f"device must be a CUDA device (or the CPU for the host planner), "
+                f"got {device}"
+            )
+        _check_positive(
+            max_tokens=max_tokens, max_batch=max_batch, num_kv_heads=num_kv_heads
+        )
+        for name, value in (("max_tokens", max_tokens), ("max_batch", max_batch)):
+            if value >= _INT32_MAX:
+                raise ValueError(f"{name} is {value}; accepted: below 2**31 - 1")
+        if num_kv_heads > _PREFILL_MAX_KV_HEADS:
+            raise ValueError(
+                f"num_kv_heads is {num_kv_heads}; accepted: 1..{_PREFILL_MAX_KV_HEADS}"
+            )
+        _check_gqa(num_q_heads, num_kv_heads)
+        _require_library()
+        max_tiles, size = (
+            int(v)
+            for v in torch.ops._hpc_C.prefill_plan_layout(
+                max_tokens, max_batch, num_q_heads, num_kv_heads
+            )
+        )
+        return cls(
+            plan_buffer=torch.zeros(size, dtype=torch.int32, device=device),
+            max_tokens=max_tokens,
+            max_batch=max_batch,
+            num_q_heads=num_q_heads,
+            num_kv_heads=num_kv_heads,
+            max_tiles=max_tiles,
+        )
+
+    def plan(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        """Plans the step: ``query_start_loc`` int32 ``[batch + 1]`` (request
+        b's query tokens are rows ``[query_start_loc[b], query_start_loc[b +
+        1])`` of ``q``) and ``seq_lens`` int32 ``[batch]`` (request b's keys,
+        its cached context plus its new tokens), on the workspace's device.
+
+        On a CUDA device the planner runs on the GPU without synchronising,
+        so the lengths are not checked against the workspace: the total must
+        be at most ``max_tokens`` query tokens, or the planner stops the
+        launch with a device-side trap (which ends the CUDA context) instead
+        of writing past the plan. On the CPU the host planner raises.
+        """
+        batch = _check_lengths(query_start_loc, seq_lens, self.plan_buffer.device)
+        if batch > self.max_batch:
+            raise ValueError(
+                f"batch {batch} (seq_lens.shape[0]) exceeds the workspace's "
+                f"max_batch {self.max_batch}"
+            )
+        _require_library()
+        torch.ops._hpc_C.plan_prefill(
+            query_start_loc,
+            seq_lens,
+            self.plan_buffer,
+            self.num_q_heads,
+            self.num_kv_heads,
+            self.max_batch,
+            self.max_tiles,
+        )
+
+    def read_plan(self) -> PrefillPlan:
+        """The current plan, copied to the host (synchronises; for tests)."""
+        return PrefillPlan.from_buffer(self.plan_buffer)
+
+
+def _check_scalar_scale(name: str, t: torch.Tensor, device: torch.device) -> None:
+    _check_tensor(name, t)
+    _check_dtype(name, t, (torch.float32,))
+    if t.numel() != 1:
+        raise ValueError(
+            f"{name} must be a float32 tensor with one element, got shape "
+            f"{tuple(t.shape)}"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}; expected {device}")
+
+
+def _validate_prefill(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: PrefillWorkspace,
+    scale: float,
+    q_scale: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    softcap: float,
+    window: int,
+) -> None:
+    if not isinstance(workspace, PrefillWorkspace):
+        raise ValueError(
+            f"workspace must be a PrefillWorkspace, got {type(workspace).__name__}"
+        )
+    _check_tensor("workspace.plan_buffer", workspace.plan_buffer)
+    device = workspace.plan_buffer.device
+    if device.type not in _PREFILL_DEVICES:
+        raise ValueError(
+            f"workspace.plan_buffer is on {device}; prefill_attention needs a "
+            "CUDA device"
+        )
+    for name, t in (
+        ("q", q),
+        ("key_cache", key_cache),
+        ("value_cache", value_cache),
+        ("block_table", block_table),
+        ("out", out),
+    ):
+        _check_tensor(name, t)
+        if t.device != device:
+            raise ValueError(
+                f"{name} is on {t.device}; expected the workspace's device {device}"
+            )
+
+    # The cache pair defines the heads, head size and block size.
+    _, num_kv_heads, head_size = _check_cache_pair(
+        key_cache, value_cache, _DECODE_KV_DTYPES
+    )
+    kv_bytes = key_cache.element_size()
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.stride(3) != 1:
+            raise ValueError(
+                f"{name} must be contiguous in head_size, got strides {cache.stride()}"
+            )
+        _check_strides(name, cache, range(3), 16 // kv_bytes)
+        _check_aligned(name, cache)
+    fp8_kv = key_cache.dtype == torch.float8_e4m3fn
+
+    # Queries: read by TMA, so 16-byte aligned rows.
+    _check_ndim("q", q, 3, "[tokens, num_q_heads, head_size]")
+    q_dtypes = (
+        (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+        if fp8_kv
+        else (key_cache.dtype,)
+    )
+    _check_dtype("q", q, q_dtypes)
+    tokens, num_q_heads, q_head_size = q.shape
+    if q_head_size != head_size:
+        raise ValueError(
+            f"q head size {q_head_size} must equal the cache's {head_size}"
+        )
+    _check_gqa(num_q_heads, num_kv_heads)
+    if q.stride(2) != 1:
+        raise ValueError(f"q must be contiguous in head_size, got strides {q.stride()}")
+    _check_strides("q", q, range(2), 16 // q.element_size())
+    _check_aligned("q", q)
+
+    if out.shape != q.shape:
+        raise ValueError(
+            f"out shape {tuple(out.shape)} must equal q's {tuple(q.shape)}"
+        )
+    _check_dtype("out", out, _ACTIVATION_DTYPES)
+    if out.stride(2) != 1:
+        raise ValueError(
+            f"out must be contiguous in head_size, got strides {out.stride()}"
+        )
+    _check_strides("out", out, range(2), 8)
+    _check_aligned("out", out)
+
+    if q.dtype == torch.float8_e4m3fn:
+        if q_scale is None:
+            raise ValueError(
+                "q_scale is required for FP8 queries: float32 [tokens, num_q_heads]"
+            )
+        _check_tensor("q_scale", q_scale)
+        _check_dtype("q_scale", q_scale, (torch.float32,))
+        if q_scale.shape != (tokens, num_q_heads) or q_scale.stride(1) != 1:
+            raise ValueError(
+                f"q_scale must be [tokens, num_q_heads] = {(tokens, num_q_heads)} "
+                f"with unit stride in dim 1, got shape {tuple(q_scale.shape)} "
+                f"strides {q_scale.stride()}"
+            )
+        if q_scale.device != device:
+            raise ValueError(f"q_scale is on {q_scale.device}; expected {device}")
+    elif q_scale is not None:
+        raise ValueError("q_scale is only accepted with FP8 (float8_e4m3fn) queries")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is not None:
+            _check_scalar_scale(name, t, device)
+        elif fp8_kv:
+            raise ValueError(
+                f"{name} is required with an FP8 KV cache: a float32 tensor with "
+                "one element"
+            )
+
+    batch = _check_lengths(query_start_loc, seq_lens, device)
+    _check_ndim("block_table", block_table, 2, "[batch, max_blocks]")
+    _check_dtype("block_table", block_table, (torch.int32,))
+    if block_table.shape[0] < batch or block_table.stride(1) != 1:
+        raise ValueError(
+            f"block_table must have >= {batch} rows and unit stride in dim 1, "
+            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
+        )
+
+    if (
+        tokens > workspace.max_tokens
+        or batch > workspace.max_batch
+        or num_q_heads != workspace.num_q_heads
+        or num_kv_heads != workspace.num_kv_heads
+    ):
+        raise ValueError(
+            f"workspace was sized for max_tokens={workspace.max_tokens}, "
+            f"max_batch={workspace.max_batch}, heads={workspace.num_q_heads}/"
+            f"{workspace.num_kv_heads}; got tokens={tokens}, batch={batch}, "
+            f"heads={num_q_heads}/{num_kv_heads}"
+        )
+
+    if not math.isfinite(scale) or not scale > 0.0:
+        raise ValueError(f"scale is {scale}; accepted: a finite positive float")
+    if not math.isfinite(softcap) or not softcap >= 0.0:
+        raise ValueError(
+            f"softcap is {softcap}; accepted: 0 (none) or a finite positive float"
+        )
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window is {window!r}; accepted: 0 (none) or a positive int")
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: PrefillWorkspace,
+    *,
+    scale: float,
+    q_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    window: int = 0,
+) -> None:
+    """Paged prefill / chunked-prefill attention over a varlen batch, into
+    ``out``.
+
+    Request ``b`` has ``q_len = query_start_loc[b + 1] - query_start_loc[b]``
+    new query tokens (rows ``query_start_loc[b]..`` of ``q``) and
+    ``kv_len = seq_lens[b]`` keys in the cache, its cached context followed
+    by the new tokens (already written, e.g. by :func:`rope_norm_store_kv`),
+    in blocks ``block_table[b, 0..]``. The mask is causal and bottom-right
+    aligned: query token ``i`` sits at position ``pos = kv_len - q_len + i``
+    and sees keys ``0..pos``. With ``window`` w > 0 it sees only keys in
+    ``(pos - w, pos]``. ``softcap`` > 0 caps the logits:
+    ``softcap * tanh(scale * q.k / softcap)``; ``scale`` multiplies ``q.k``.
+
+    ``q``: ``[tokens, num_q_heads, head_size]`` with unit stride over the
+    head size and 16-byte aligned rows: bf16 or fp16 equal to a 16-bit
+    cache's dtype, or bf16, fp16 or FP8-E4M3 with an FP8-E4M3 cache. FP8
+    queries carry per-token-per-head scales ``q_scale``, float32
+    ``[tokens, num_q_heads]`` (the layout :func:`rope_norm_store_kv` writes).
+    ``key_cache``/``value_cache``: strided
+    ``[num_blocks, block_size, num_kv_heads, head_size]`` views; an FP8
+    cache has per-tensor dequantisation scales ``k_scale``/``v_scale``
+    (float32, one element each). ``block_table``: int32
+    ``[>= batch, max_blocks]``. ``out``: bf16 or fp16, the shape of ``q``.
+
+    ``workspace.plan(query_start_loc, seq_lens)`` must have run for these
+    lengths, and ``query_start_loc[batch]`` must be ``q.shape[0]``. A query
+    token that sees no key gets zeros. No host synchronisation and no
+    allocation: safe to capture in CUDA graphs.
+    """
+    _validate_prefill(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        out,
+        workspace,
+        scale,
+        q_scale,
+        k_scale,
+        v_scale,
+        softcap,
+        window,
+    )
+    _require_library()
+    prefill_attention_unchecked(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        out,
+        workspace,
+        scale=scale,
+        q_scale=q_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        softcap=softcap,
+        window=window,
+    )
+
+
+def prefill_attention_unchecked(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: PrefillWorkspace,
+    *,
+    scale: float,
+    q_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    window: int = 0,
+) -> None:
+    """:func:`prefill_attention` without argument validation, for callers
+    that validated their configuration once (the attention backend's hot
+    path). Same arguments and semantics; the C++ adapter still checks memory
+    safety."""
+    torch.ops._hpc_C.prefill_attention(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        workspace.plan_buffer,
+        out,
+        q_scale,
+        k_scale,
+        v_scale,
+        float(scale),
+        float(softcap),
+        int(window),
+    )
+
+
+# ---------------------------------------------------------------------------
 # Fused FP8 MoE: routing, quantization, two grouped GEMMs, SiLU-and-mul and
 # the weighted top-k reduction
 # ---------------------------------------------------------------------------
@@ -1651,4 +2118,41 @@ if _LIBRARY_LOADED:
             apply_router_weight_on_input: bool,
         ) -> None:
             # out and the workspace are mutated in place.
+            return None
+
+    if hasattr(torch.ops._hpc_C, "plan_prefill"):
+
+        @torch.library.register_fake("_hpc_C::plan_prefill")
+        def _plan_prefill_fake(
+            query_start_loc: torch.Tensor,
+            seq_lens: torch.Tensor,
+            plan: torch.Tensor,
+            num_q_heads: int,
+            num_kv_heads: int,
+            max_batch: int,
+            max_tiles: int,
+        ) -> None:
+            # The plan is written in place.
+            return None
+
+    if hasattr(torch.ops._hpc_C, "prefill_attention"):
+
+        @torch.library.register_fake("_hpc_C::prefill_attention")
+        def _prefill_attention_fake(
+            q: torch.Tensor,
+            key_cache: torch.Tensor,
+            value_cache: torch.Tensor,
+            block_table: torch.Tensor,
+            query_start_loc: torch.Tensor,
+            seq_lens: torch.Tensor,
+            plan: torch.Tensor,
+            out: torch.Tensor,
+            q_scale: torch.Tensor | None,
+            k_scale: torch.Tensor | None,
+            v_scale: torch.Tensor | None,
+            scale: float,
+            softcap: float,
+            window: int,
+        ) -> None:
+            # out is written in place.
             return None
