@@ -28,6 +28,7 @@ bench:
 	@$(VPY) benchmarks/kernels/check_hopper.py
 	@$(MAKE) --no-print-directory build-venv apply
 	$(VPY) benchmarks/kernels/benchmark_hpc_decode.py $(BENCH_ARGS)
+	$(VPY) benchmarks/kernels/benchmark_hpc_prefill.py $(BENCH_ARGS)
 	$(VPY) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
 	$(VPY) benchmarks/kernels/benchmark_hpc_moe.py $(BENCH_ARGS)
 	$(VPY) benchmarks/render_results.py
@@ -57,6 +58,7 @@ gpu-test:
 	$(MAKE) --no-print-directory build
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest tests/kernels -q -m gpu $(PYTEST_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_hpc_decode.py $(BENCH_ARGS)
+	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_hpc_prefill.py $(BENCH_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_hpc_moe.py $(BENCH_ARGS)
 	$(PYTHON) benchmarks/render_results.py

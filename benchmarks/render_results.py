@@ -53,6 +53,27 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _notes(data: dict[str, Any]) -> list[str]:
+    """Lines on how the floors' rates were measured, baselines that did not
+    run, and records kept from an earlier run (each only when present)."""
+    lines = []
+    notes = data.get("matmul_notes")
+    if isinstance(notes, dict) and notes:
+        text = "; ".join(f"{k}: {v}" for k, v in notes.items())
+        lines.append(_escape(f"Matmul rates: {text}."))
+    skipped = data.get("skipped")
+    if isinstance(skipped, dict) and skipped:
+        text = "; ".join(f"`{k}` ({v})" for k, v in skipped.items())
+        lines.append(_escape(f"Not run: {text}."))
+    merged = data.get("merged")
+    if isinstance(merged, dict) and merged.get("records"):
+        lines.append(
+            f"{merged['records']} records kept from an earlier run "
+            f"(commit `{merged.get('commit')}`, {merged.get('date')})."
+        )
+    return [part for line in lines for part in (line, "")]
+
+
 def render_file(name: str, data: dict[str, Any]) -> list[str]:
     """Markdown lines for one results file."""
     lines = [f"## {name}", ""]
@@ -67,8 +88,14 @@ def render_file(name: str, data: dict[str, Any]) -> list[str]:
     bandwidth = data.get("copy_bandwidth_gbps")
     if isinstance(bandwidth, (int, float)):
         facts.append(("copy bandwidth", f"{bandwidth:.0f} GB/s"))
+    rates = data.get("matmul_tflops")
+    if isinstance(rates, dict):
+        for dtype, rate in rates.items():
+            if isinstance(rate, (int, float)):
+                facts.append((f"{dtype} matmul", f"{rate:.0f} TFLOP/s"))
     lines.append(" · ".join(f"{k}: `{v}`" for k, v in facts if v not in (None, "")))
     lines.append("")
+    lines += _notes(data)
     records = data.get("records") or []
     if not records:
         lines += ["No records.", ""]

@@ -3,10 +3,12 @@
 """Helpers shared by the kernel benchmarks in this directory.
 
 Environment checks, the device-to-device copy bandwidth that every floor is
-measured against, CUDA-graph capture and event timing of round-robin input
-sets, an L2 scrub for rotations smaller than four times the L2 cache, and
-writing the results file that ``benchmarks/render_results.py`` reads (see
-the measurement protocol in the design notes).
+measured against (and the dense matmul rates that compute-bound floors use),
+CUDA-graph capture and event timing of round-robin input sets, an L2 scrub
+for rotations smaller than four times the L2 cache, random fills, paged-cache
+gathers and the compiled FlexAttention shared by the attention benchmarks,
+and writing the results file that ``benchmarks/render_results.py`` reads
+(see the measurement protocol in the design notes).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
 T = TypeVar("T")
+FP8 = torch.float8_e4m3fn
 
 
 # ---------------------------------------------------------------------------
@@ -132,6 +135,59 @@ def measure_copy_bandwidth_gbps(num_bytes: int = 2 * 2**30, iters: int = 20) -> 
     return 2 * num_bytes / (median_ms(events) * 1e-3) / 1e9
 
 
+def _graph_tflops(
+    impl: Callable[[object], object], n: int, iters: int, pool: tuple[int, int]
+) -> float:
+    graphs = capture_graphs(impl, [None], pool)
+    us = time_graphs(graphs, iters, warmup=3, scrub=None)
+    return 2 * n**3 / (us * 1e-6) / 1e12
+
+
+def measure_matmul_tflops(
+    n: int = 8192, iters: int = 30
+) -> tuple[dict[str, float | None], dict[str, str]]:
+    """Dense ``n`` x ``n`` x ``n`` matmul rates in TFLOP/s (2 n^3 over the
+    median CUDA-graph replay): ``bf16`` by ``torch.matmul``, ``fp8`` by
+    ``torch._scaled_mm`` on E4M3 operands (per-tensor scales, bf16 output,
+    fast accumulation). Returns the rates (None where one could not be
+    measured) and a note per rate saying how it was measured or why not."""
+    pool = torch.cuda.graph_pool_handle()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    opts: dict[str, Any] = {"device": "cuda", "dtype": torch.bfloat16}
+    a = torch.randn(n, n, generator=gen, **opts)
+    b = torch.randn(n, n, generator=gen, **opts)
+    c = torch.empty(n, n, **opts)
+    rates: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    rates["bf16"] = _graph_tflops(lambda _: torch.matmul(a, b, out=c), n, iters, pool)
+    notes["bf16"] = f"torch.matmul bf16 {n}x{n}x{n}"
+    try:
+        a8 = a.to(FP8)
+        b8 = b.to(FP8).t()  # column-major, as _scaled_mm wants its mat2
+        one = torch.ones((), device="cuda", dtype=torch.float32)
+
+        def fp8_mm(_: object) -> torch.Tensor:
+            return torch._scaled_mm(
+                a8,
+                b8,
+                scale_a=one,
+                scale_b=one,
+                out_dtype=torch.bfloat16,
+                use_fast_accum=True,
+            )
+
+        rates["fp8"] = _graph_tflops(fp8_mm, n, iters, pool)
+        notes["fp8"] = (
+            f"torch._scaled_mm e4m3 {n}x{n}x{n}, per-tensor scales, "
+            "bf16 out, fast accumulation"
+        )
+    except Exception as err:  # noqa: BLE001 - recorded, the caller falls back
+        rates["fp8"] = None
+        notes["fp8"] = f"not measured: {short_error(err)}"
+    torch.cuda.synchronize()
+    return rates, notes
+
+
 class L2Scrub:
     """Reads a buffer of four times the L2 size to evict earlier data."""
 
@@ -143,6 +199,64 @@ class L2Scrub:
 
     def __call__(self) -> None:
         torch.sum(self.buf, dim=0, out=self.out)
+
+
+def fill_normal_(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Standard normal values; float8 tensors get bf16 draws cast in chunks
+    of about 256 MB (there is no ``normal_`` for float8)."""
+    if t.dtype != FP8:
+        t.normal_(generator=gen)
+        return
+    rows = max(1, 2**27 // max(1, t[0].numel()))
+    for i in range(0, t.shape[0], rows):
+        part = t[i : i + rows]
+        part.copy_(
+            torch.randn(
+                part.shape, generator=gen, device=t.device, dtype=torch.bfloat16
+            )
+        )
+
+
+def gather_tokens(cache: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` tokens of a sequence's blocks of a ``[num_blocks,
+    block_size, Hkv, D]`` cache view, float32 ``[n, Hkv, D]``."""
+    raw = cache.view(torch.uint8) if cache.dtype == FP8 else cache
+    rows = raw[blocks]
+    rows = rows.view(FP8) if cache.dtype == FP8 else rows
+    return rows.reshape(-1, *cache.shape[2:])[:n].float()
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    diff = (a.float() - b.float()).abs()
+    if not torch.isfinite(diff).all():
+        return math.inf
+    return diff.max().item()
+
+
+_FLEX_FN: Callable[..., torch.Tensor] | None = None
+
+
+def compiled_flex() -> Callable[..., torch.Tensor]:
+    """``torch.compile(flex_attention)``, once, with static shapes (the flex
+    decoding kernel needs a static batch); each case is one recompilation,
+    so the recompile limit is raised."""
+    global _FLEX_FN
+    if _FLEX_FN is not None:
+        return _FLEX_FN
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    config = torch._dynamo.config
+    for names in (
+        ("recompile_limit", "cache_size_limit"),
+        ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+    ):
+        for name in names:
+            if hasattr(config, name):
+                setattr(config, name, 4096)
+                break
+    _FLEX_FN = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    return _FLEX_FN
 
 
 def capture_graphs(
@@ -204,9 +318,12 @@ def write_results(
     records: list[dict[str, Any]],
     bandwidth_gbps: float,
     out_dir: Path | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Writes ``benchmarks/results/<result_name>`` (and the same file under
-    ``out_dir`` when given) in the shape the design notes fix."""
+    ``out_dir`` when given) in the shape the design notes fix; ``extra``
+    adds top-level fields after the copy bandwidth (e.g. a measured matmul
+    rate, or the baselines that could not run)."""
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     result = {
         "gpu": torch.cuda.get_device_name(),
@@ -216,6 +333,7 @@ def write_results(
         "commit": git_commit(),
         "date": datetime.date.today().isoformat(),
         "copy_bandwidth_gbps": round(bandwidth_gbps, 1),
+        **(extra or {}),
         "records": records,
     }
     text = json.dumps(result, indent=1) + "\n"
@@ -243,10 +361,12 @@ def finish_run(
     out_dir: Path | None,
     impl: str | None = None,
     started: float | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """Writes the results, then prints the table (of ``impl``'s records) and
-    the time since ``started`` (time.monotonic())."""
-    write_results(result_name, records, bandwidth_gbps, out_dir)
+    """Writes the results (with ``extra`` top-level fields), then prints the
+    table (of ``impl``'s records) and the time since ``started``
+    (time.monotonic())."""
+    write_results(result_name, records, bandwidth_gbps, out_dir, extra)
     print()
     print_table(records, impl=impl)
     if started is not None:

@@ -80,9 +80,13 @@ from bench_utils import (
     L2Scrub,
     capture_graphs,
     check_impls,
+    compiled_flex,
+    fill_normal_,
     finish_run,
+    gather_tokens,
     import_hpc_ops,
     json_float,
+    max_abs_diff,
     measure_copy_bandwidth_gbps,
     missing_baselines,
     print_progress,
@@ -268,21 +272,6 @@ class InputSet:
     out: torch.Tensor
 
 
-def _fill_normal_(t: torch.Tensor, gen: torch.Generator) -> None:
-    if t.dtype != FP8:
-        t.normal_(generator=gen)
-        return
-    # No normal_ for float8: draw bf16 in chunks of about 256 MB and cast.
-    rows = max(1, 2**27 // max(1, t[0].numel()))
-    for i in range(0, t.shape[0], rows):
-        part = t[i : i + rows]
-        part.copy_(
-            torch.randn(
-                part.shape, generator=gen, device=t.device, dtype=torch.bfloat16
-            )
-        )
-
-
 def make_input_set(case: Case, seed: int) -> InputSet:
     hq, hkv = case.heads
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -294,7 +283,7 @@ def make_input_set(case: Case, seed: int) -> InputSet:
         dtype=case.kv_dtype,
         device="cuda",
     )
-    _fill_normal_(kv, gen)
+    fill_normal_(kv, gen)
     tokens = case.batch * case.query_tokens
     q = torch.randn(
         tokens, hq, HEAD_SIZE, generator=gen, device="cuda", dtype=torch.bfloat16
@@ -349,32 +338,6 @@ def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, mode: Any) -> Impl
         return s.out
 
     return run
-
-
-_FLEX_FN: Callable[..., torch.Tensor] | None = None
-
-
-def _compiled_flex() -> Callable[..., torch.Tensor]:
-    """``torch.compile(flex_attention)``, once, with static shapes (the flex
-    decoding kernel needs a static batch); each case is one recompilation,
-    so the recompile limit is raised."""
-    global _FLEX_FN
-    if _FLEX_FN is not None:
-        return _FLEX_FN
-    import torch._dynamo
-    from torch.nn.attention.flex_attention import flex_attention
-
-    config = torch._dynamo.config
-    for names in (
-        ("recompile_limit", "cache_size_limit"),
-        ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
-    ):
-        for name in names:
-            if hasattr(config, name):
-                setattr(config, name, 4096)
-                break
-    _FLEX_FN = torch.compile(flex_attention, fullgraph=True, dynamic=False)
-    return _FLEX_FN
 
 
 class FlexPaged:
@@ -472,7 +435,7 @@ class FlexPaged:
 
 def make_flex(case: Case, layout: Layout) -> Impl:
     paged = FlexPaged(case, layout)
-    fn = _compiled_flex()
+    fn = compiled_flex()
 
     def run(s: InputSet) -> torch.Tensor:
         return paged(fn, s.q, s.kv, s.out)
@@ -616,14 +579,6 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
 # ---------------------------------------------------------------------------
 
 
-def _gather_tokens(cache: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``n`` tokens of a sequence's blocks, float32 [n, Hkv, D]."""
-    raw = cache.view(torch.uint8) if cache.dtype == FP8 else cache
-    rows = raw[blocks]
-    rows = rows.view(FP8) if cache.dtype == FP8 else rows
-    return rows.reshape(-1, *cache.shape[2:])[:n].float()
-
-
 def reference_rows(
     case: Case, layout: Layout, s: InputSet, seqs: list[int]
 ) -> dict[int, torch.Tensor]:
@@ -637,8 +592,8 @@ def reference_rows(
         n = case.lengths[b]
         table = layout.block_table_cpu[b, : math.ceil(n / BLOCK_SIZE)]
         blocks = table.long().to(s.kv.device)
-        k = _gather_tokens(s.key_cache, blocks, n) * k_scale
-        v = _gather_tokens(s.value_cache, blocks, n) * v_scale
+        k = gather_tokens(s.key_cache, blocks, n) * k_scale
+        v = gather_tokens(s.value_cache, blocks, n) * v_scale
         q = s.q[b * q_tokens : (b + 1) * q_tokens].float()
         q = q.view(q_tokens, hkv, group, HEAD_SIZE)
         scores = torch.einsum("thgd,nhd->hgtn", q, k) * SCALE
@@ -661,13 +616,6 @@ def rel_error(out: torch.Tensor, refs: dict[int, torch.Tensor], q_tokens: int) -
     if not torch.isfinite(got).all():
         return math.inf
     return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref)).item()
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    diff = (a.float() - b.float()).abs()
-    if not torch.isfinite(diff).all():
-        return math.inf
-    return diff.max().item()
 
 
 # ---------------------------------------------------------------------------
