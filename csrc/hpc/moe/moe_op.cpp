@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include "common/device_info.h"
+#include "common/tensor_elem_type.h"
 #include "moe/moe.h"
 #include "moe/moe_tiling.h"
 #include "ops.h"
@@ -14,18 +15,7 @@ namespace hpc {
 
 namespace {
 
-ElemType moe_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16:
-      return ElemType::kBf16;
-    case at::kHalf:
-      return ElemType::kFp16;
-    case at::kFloat8_e4m3fn:
-      return ElemType::kFp8E4m3;
-    default:
-      TORCH_CHECK(false, "fused_moe_fp8: unsupported dtype ", t.scalar_type());
-  }
-}
+constexpr const char* kOp = "fused_moe_fp8";
 
 moe::MoeWorkspaceLayout layout_for(int64_t tokens, int64_t topk,
                                    int64_t experts, int64_t hidden,
@@ -103,7 +93,7 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
 
   p.input = hidden_states.data_ptr();
   p.input_stride = hidden_states.stride(0);
-  p.input_type = moe_dtype(hidden_states);
+  p.input_type = elem_type_of(hidden_states, kOp);
   if (a1_scale.has_value()) {
     TORCH_CHECK(a1_scale->scalar_type() == at::kFloat);
     p.a1_scale = a1_scale->data_ptr<float>();
@@ -134,7 +124,7 @@ void fused_moe_fp8(const at::Tensor& hidden_states,
   }
   p.out = out.data_ptr();
   p.out_stride = out.stride(0);
-  p.out_type = moe_dtype(out);
+  p.out_type = elem_type_of(out, kOp);
   TORCH_CHECK(p.out_type != ElemType::kFp8E4m3);
 
   p.tiling = moe::moe_tiling(

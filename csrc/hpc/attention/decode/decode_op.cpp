@@ -9,25 +9,14 @@
 
 #include "attention/decode/decode.h"
 #include "common/device_info.h"
+#include "common/tensor_elem_type.h"
 #include "ops.h"
 
 namespace hpc {
 
 namespace {
 
-decode::ElemType elem_type(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16:
-      return decode::ElemType::kBf16;
-    case at::kHalf:
-      return decode::ElemType::kFp16;
-    case at::kFloat8_e4m3fn:
-      return decode::ElemType::kFp8E4m3;
-    default:
-      TORCH_CHECK(false, "decode_attention: unsupported dtype ",
-                  t.scalar_type());
-  }
-}
+constexpr const char* kOp = "decode_attention";
 
 decode::PagedCacheView cache_view(const at::Tensor& cache) {
   TORCH_CHECK(cache.dim() == 4 && cache.stride(3) == 1);
@@ -73,7 +62,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
   p.q = q.data_ptr();
   p.q_token_stride = q.stride(0);
   p.q_head_stride = q.stride(1);
-  p.q_type = elem_type(q);
+  p.q_type = elem_type_of(q, kOp);
   if (p.q_type == decode::ElemType::kFp8E4m3) {
     TORCH_CHECK(q_scale.has_value() && q_scale->stride(1) == 1);
     p.q_scale = q_scale->data_ptr<float>();
@@ -82,7 +71,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
   p.out = out.data_ptr();
   p.out_token_stride = out.stride(0);
   p.out_head_stride = out.stride(1);
-  p.out_type = elem_type(out);
+  p.out_type = elem_type_of(out, kOp);
   TORCH_CHECK(p.out_type != decode::ElemType::kFp8E4m3);
   p.block_table = block_table.data_ptr<int32_t>();
   p.block_table_stride = block_table.stride(0);
@@ -110,7 +99,7 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
   p.window = static_cast<int>(window);
   if (batch == 0) return;
 
-  decode::decode_attention(p, head_dim, elem_type(key_cache),
+  decode::decode_attention(p, head_dim, elem_type_of(key_cache, kOp),
                            cache_view(key_cache), cache_view(value_cache),
                            static_cast<int>(num_ctas),
                            at::cuda::getCurrentCUDAStream());
