@@ -4,8 +4,8 @@
 // m64nN) atoms give each thread values of two rows, g and g + 8 of its
 // warp's 16, in the order (column pair, row half, 8-column block): value i
 // belongs to row half (i / 2) % 2, and the four threads of a quad hold the
-// rest of those rows. Logits come in already scaled by log2(e) (and masked
-// to -inf), so exp2 replaces exp.
+// rest of those rows. Scores come in raw (masked to -inf) with a per-row
+// scale that includes log2(e), so exp2 replaces exp.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,6 +40,14 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// 2^x on the special-function unit (flushes subnormal results to zero,
+// which a probability below 2^-126 can afford); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 struct OnlineSoftmax {
   float m[2];  // running row maxima (log2 domain)
   float l[2];  // this thread's share of the running row sums
@@ -49,13 +57,15 @@ struct OnlineSoftmax {
     l[0] = l[1] = 0.f;
   }
 
-  // Turns a tile of logits into unnormalised probabilities exp2(x - m) in
-  // place, updating the running maxima and sums; alpha[h] is the factor the
-  // running output of row half h must be multiplied by. A row that has seen
-  // no key yet keeps m = -inf and uses 0 as its reference, so fully masked
-  // rows give zeros rather than NaN.
+  // Turns a tile of raw scores x (-inf where masked) into unnormalised
+  // probabilities exp2(x * scale - m) in place, updating the running maxima
+  // (of x * scale) and sums; scale[h] > 0 is row half h's logit scale in
+  // the log2 domain, folded into one FMA per value. alpha[h] is the factor
+  // the running output of row half h must be multiplied by. A row that has
+  // seen no key yet keeps m = -inf and uses 0 as its reference, so fully
+  // masked rows give zeros rather than NaN.
   template <class Frag>
-  __device__ void update(Frag& x, float (&alpha)[2]) {
+  __device__ void update(Frag& x, const float (&scale)[2], float (&alpha)[2]) {
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < int(cute::size(x)); ++i) {
@@ -64,16 +74,17 @@ struct OnlineSoftmax {
     float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], quad_max(tile_max[h]));
+      const float m_new = fmaxf(m[h], quad_max(tile_max[h]) * scale[h]);
       ref[h] = m_new == -INFINITY ? 0.f : m_new;
-      alpha[h] = exp2f(m[h] - ref[h]);
+      alpha[h] = fast_exp2(m[h] - ref[h]);
       m[h] = m_new;
       l[h] *= alpha[h];
     }
 #pragma unroll
     for (int i = 0; i < int(cute::size(x)); ++i) {
-      x(i) = exp2f(x(i) - ref[row_half_of(i)]);
-      l[row_half_of(i)] += x(i);
+      const int h = row_half_of(i);
+      x(i) = fast_exp2(fmaf(x(i), scale[h], -ref[h]));
+      l[h] += x(i);
     }
   }
 

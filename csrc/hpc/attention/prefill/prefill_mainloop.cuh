@@ -11,7 +11,11 @@
 // (mask.h: the diagonal, the sequence's end, a window's start) are masked.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include <cutlass/arch/barrier.h>
 #include <cute/tensor.hpp>
@@ -27,6 +31,18 @@
 
 namespace hpc {
 namespace prefill {
+
+// Two floats as a packed pair of the MMA type (low half first).
+template <class Element>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Element, cute::bfloat16_t>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
 
 // Issues C (+)= A B over the K blocks of A and B as one wgmma batch.
 template <class Mma, class TA, class TB, class TC>
@@ -51,7 +67,8 @@ struct RowInfo {
   int token[2];    // token index within the batch
   int head[2];     // query head
   int pos[2];      // query position (-1 for rows that are not live)
-  float scale[2];  // logit scale (log2 domain, or 1 / softcap with softcap)
+  float qk[2];     // factor of q.k before the soft-cap's tanh (softcap only)
+  float scale[2];  // the softmax's logit scale, log2 domain (> 0)
 };
 
 __device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
@@ -71,22 +88,26 @@ __device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
       s *= p.q_scale[static_cast<int64_t>(r.token[h]) * p.q_scale_token_stride +
                      r.head[h]];
     }
-    r.scale[h] = p.softcap > 0.f ? s / p.softcap : s * attention::kLog2e;
+    // A zero scale (an all-zero FP8 query row) would turn -inf into NaN.
+    s = fmaxf(s, 1e-30f);
+    r.qk[h] = p.softcap > 0.f ? s / p.softcap : s;
+    r.scale[h] = (p.softcap > 0.f ? p.softcap : s) * attention::kLog2e;
   }
   return r;
 }
 
-// Logits of key tile n in place: scale, soft-cap, mask (kMask).
+// Scores of key tile n in place: soft-cap (tanh(s * qk), the cap itself in
+// the softmax scale) and mask (kMask).
 template <bool kMask, class FragS>
-__device__ __forceinline__ void logits(const PrefillParams& p,
+__device__ __forceinline__ void scores(const PrefillParams& p,
                                        const TileWork& w, const RowInfo& r,
                                        int key0, FragS& s) {
-  const float cap = p.softcap * attention::kLog2e;
+  const bool softcap = p.softcap > 0.f;
 #pragma unroll
   for (int i = 0; i < int(cute::size(s)); ++i) {
     const int h = attention::row_half_of(i);
-    float x = s(i) * r.scale[h];
-    if (p.softcap > 0.f) x = cap * tanhf(x);
+    float x = s(i);
+    if (softcap) x = tanhf(x * r.qk[h]);
     if constexpr (kMask) {
       const int key = key0 + attention::fragment_column(i, threadIdx.x % 32);
       x = attention::key_visible(key, r.pos[h], w.kv_len, p.window) ? x
@@ -185,15 +206,19 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
 
   auto softmax_step = [&](int n, float (&alpha)[2]) {
     if (w.keys.interior(n)) {
-      logits<false>(p, w, rows, n * kBlockN, acc_s);
+      if (p.softcap > 0.f) scores<false>(p, w, rows, n * kBlockN, acc_s);
     } else {
-      logits<true>(p, w, rows, n * kBlockN, acc_s);
+      scores<true>(p, w, rows, n * kBlockN, acc_s);
     }
-    softmax.update(acc_s, alpha);
+    softmax.update(acc_s, rows.scale, alpha);
   };
+  // Two probabilities per packed conversion.
   auto convert_p = [&] {
+    Tensor p2 = recast<uint32_t>(frag_p);
 #pragma unroll
-    for (int i = 0; i < size(acc_s); ++i) frag_p(i) = Element(acc_s(i));
+    for (int i = 0; i < size(p2); ++i) {
+      p2(i) = pack2<Element>(acc_s(2 * i), acc_s(2 * i + 1));
+    }
   };
   // O += P V over stage s; the first product of the tile initialises O.
   bool first_pv = true;
