@@ -56,11 +56,11 @@ void prefill_attention(const PrefillParams& params, const void* q,
     src.q_map = query_map(q, params.q_type, q_token_stride, q_head_stride,
                           params.num_tokens, num_q_heads, head_dim,
                           params.group, params.tile_tokens);
-    src.k_map = attention::paged_cache_map(
-        k_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
-    src.v_map = attention::paged_cache_map(
-        v_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
   }
+  src.k_map = attention::paged_cache_map(
+      k_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
+  src.v_map = attention::paged_cache_map(
+      v_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
   const int grid = current_device_info().sm_count;
   switch (head_dim) {
     case 64:

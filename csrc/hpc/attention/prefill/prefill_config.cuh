@@ -49,13 +49,26 @@ struct PrefillConfig {
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kStageBytes = kBlockN * kHeadDim * 2;  // K or V
+  // FP8 caches: the copies land in a ring of raw (FP8) key tiles, K then V,
+  // each [chunk][key][kRawRowBytes] with the copies' swizzle, which the
+  // producer warps widen into the stages.
+  static constexpr int kRawRowBytes = kHeadDim < 128 ? kHeadDim : 128;
+  static constexpr int kRawChunks = kHeadDim / kRawRowBytes;
+  static constexpr int kRawTileBytes = kBlockN * kHeadDim;  // K or V
+  static constexpr int kRawSlotBytes = 2 * kRawTileBytes;
+  static constexpr int kFreeBytes = kSmemPerSm - 2048 - kQBytes;
   static constexpr int kStagesFit =
-      (kSmemPerSm - 2048 - kQBytes) / (2 * kStageBytes);
-  static constexpr int kStages = kStagesFit < 4 ? kStagesFit : 4;
-  static_assert(kStages >= 2, "a ring of at least two stages");
+      (kFreeBytes - (kWidenKv ? kRawSlotBytes : 0)) / (2 * kStageBytes);
+  static constexpr int kStages =
+      kWidenKv ? 2 : (kStagesFit < 4 ? kStagesFit : 4);
+  static_assert(kStagesFit >= 2, "a ring of at least two stages");
+  static constexpr int kRawFit =
+      (kFreeBytes - 2 * kStages * kStageBytes) / kRawSlotBytes;
+  static constexpr int kRawSlots = !kWidenKv ? 0 : (kRawFit < 4 ? kRawFit : 4);
   static constexpr int kKOffset = kQBytes;
   static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
-  static constexpr int kTileBytes = kVOffset + kStages * kStageBytes;
+  static constexpr int kRawOffset = kVOffset + kStages * kStageBytes;
+  static constexpr int kTileBytes = kRawOffset + kRawSlots * kRawSlotBytes;
   // The tiles, 1024-byte aligned for the swizzle, and the barriers.
   static constexpr int kSmemBytes = kTileBytes + 1024;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory");
@@ -65,8 +78,8 @@ struct PrefillConfig {
   static constexpr bool kTakeTurns = kHeadDim <= 128;
 
   // Register budgets after reallocation (sum <= 64K registers).
-  static constexpr int kProducerRegs = kWidenKv ? 96 : 40;
-  static constexpr int kConsumerRegs = kWidenKv ? 200 : 232;
+  static constexpr int kProducerRegs = kWidenKv ? 56 : 40;
+  static constexpr int kConsumerRegs = kWidenKv ? 224 : 232;
   static_assert(kProducerThreads * kProducerRegs +
                     kConsumerThreads * kConsumerRegs <=
                 65536);

@@ -37,16 +37,14 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(prefill_smem_raw) + 1023) &
       ~uintptr_t(1023));
-  __shared__ PipelineBarriers<Config::kStages> bar;
+  __shared__ PipelineBarriers<Config::kStages, Config::kRawSlots> bar;
 
   const bool producer = threadIdx.x < kProducerThreads;
   if (threadIdx.x == 0) {
-    if constexpr (!Config::kWidenKv) {
-      prefetch_tma_descriptor(&src.q_map);
-      prefetch_tma_descriptor(&src.k_map);
-      prefetch_tma_descriptor(&src.v_map);
-    }
-    bar.init(Config::kWidenKv ? kProducerThreads / 32 : 1);
+    if constexpr (!Config::kWidenKv) prefetch_tma_descriptor(&src.q_map);
+    prefetch_tma_descriptor(&src.k_map);
+    prefetch_tma_descriptor(&src.v_map);
+    bar.init(Config::kWidenKv ? kWideningWarps : 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -61,9 +59,12 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     if constexpr (Config::kWidenKv) {
-      load_tiles_widened<Config>(p, src.q, src.q_token_stride,
-                                 src.q_head_stride, src.k_cache, src.v_cache,
-                                 smem, bar);
+      if (threadIdx.x < 32) {
+        load_raw_tiles<Config>(p, &src.k_map, &src.v_map, smem, bar);
+      } else {
+        widen_tiles<Config>(p, src.q, src.q_token_stride, src.q_head_stride,
+                            smem, bar);
+      }
     } else if (threadIdx.x < 32) {
       load_tiles_tma<Config>(p, &src.q_map, &src.k_map, &src.v_map, smem, bar);
     }

@@ -6,9 +6,10 @@
 // [tokens, query heads, head size] whose box is (64 channels, the group's
 // query heads, tile_tokens tokens), which lands rows in the tile's (token,
 // head) order; K and V through the paged maps (paged_kv_tma.cuh).
-// FP8 caches: the producer warpgroup loads the cache with vector loads and
-// writes it widened to the MMA type (exact for E4M3), zeros for keys past
-// the sequence; Q likewise (bf16 or FP8 queries converted to fp16).
+// FP8 caches: one warp copies the cache's FP8 tiles by TMA into a raw ring;
+// the other three widen them into the stages in the MMA type (fp16, exact
+// for E4M3), zeros for keys past the sequence, and write Q themselves
+// (bf16 or FP8 queries converted to fp16).
 #pragma once
 
 #include <cuda.h>
@@ -26,7 +27,6 @@
 #include "attention/prefill/prefill_params.h"
 #include "attention/prefill/prefill_pipeline.cuh"
 #include "attention/prefill/prefill_tile_scheduler.cuh"
-#include "common/paged_cache_view.h"
 
 namespace hpc {
 namespace prefill {
@@ -52,11 +52,10 @@ __device__ __forceinline__ KeyTileBlocks key_tile_blocks(int n, int kv_len,
 
 // One warp of the producer warpgroup.
 template <class Config>
-__device__ void load_tiles_tma(const PrefillParams& p,
-                               const CUtensorMap* tmap_q,
-                               const CUtensorMap* tmap_k,
-                               const CUtensorMap* tmap_v, uint8_t* smem,
-                               PipelineBarriers<Config::kStages>& bar) {
+__device__ void load_tiles_tma(
+    const PrefillParams& p, const CUtensorMap* tmap_q,
+    const CUtensorMap* tmap_k, const CUtensorMap* tmap_v, uint8_t* smem,
+    PipelineBarriers<Config::kStages, Config::kRawSlots>& bar) {
   constexpr int kBlockN = Config::kBlockN;
   using KvTile =
       attention::PagedKvTile<kBlockN, Config::kChunks, Config::kRowBytes>;
@@ -155,24 +154,74 @@ __device__ __forceinline__ void store_unit(SmemTensor t, int row, int col,
   *reinterpret_cast<uint4*>(&t(row, col)) = v;
 }
 
-// Producer warpgroup (128 threads), FP8 cache; the MMA type is fp16.
+// FP8 caches, producer warp 0: the K and V copies of every key tile into
+// the raw ring, running ahead of the widening warps.
 template <class Config>
-__device__ void load_tiles_widened(const PrefillParams& p, const void* q,
-                                   int64_t q_token_stride,
-                                   int64_t q_head_stride,
-                                   const PagedCacheView& k_cache,
-                                   const PagedCacheView& v_cache, uint8_t* smem,
-                                   PipelineBarriers<Config::kStages>& bar) {
+__device__ void load_raw_tiles(
+    const PrefillParams& p, const CUtensorMap* tmap_k,
+    const CUtensorMap* tmap_v, uint8_t* smem,
+    PipelineBarriers<Config::kStages, Config::kRawSlots>& bar) {
+  constexpr int kBlockN = Config::kBlockN;
+  using RawTile =
+      attention::PagedKvTile<kBlockN, Config::kRawChunks, Config::kRawRowBytes>;
+  const int lane = threadIdx.x % 32;
+  TileScheduler<kBlockN> scheduler(p);
+  TileWork w;
+  RingState<Config::kRawSlots> raw;
+  while (scheduler.next(w)) {
+    if (w.empty()) continue;
+    const int32_t* ids = p.block_table + w.request * p.block_table_stride;
+    for (int n = w.keys.tile_end - 1; n >= w.keys.tile_begin; --n) {
+      const KeyTileBlocks blocks =
+          key_tile_blocks<kBlockN>(n, w.kv_len, p.block_size);
+      const uint32_t bytes = RawTile::bytes(blocks.count, p.block_size);
+      uint8_t* slot =
+          smem + Config::kRawOffset + raw.stage * Config::kRawSlotBytes;
+      EmptyBarrier::wait(&bar.raw_empty[raw.stage], raw.phase ^ 1);
+      if (lane == 0) {
+        FullBarrier::arrive_and_expect_tx(&bar.raw_full[raw.stage], 2 * bytes);
+      }
+      __syncwarp();
+      RawTile::issue(tmap_k, &bar.raw_full[raw.stage], slot, ids + blocks.first,
+                     blocks.count, p.block_size, w.kv_head, 1, kKvCacheHint,
+                     lane);
+      RawTile::issue(tmap_v, &bar.raw_full[raw.stage],
+                     slot + Config::kRawTileBytes, ids + blocks.first,
+                     blocks.count, p.block_size, w.kv_head, 1, kKvCacheHint,
+                     lane);
+      raw.advance();
+    }
+  }
+}
+
+// Byte offset of byte `byte` of `row` in a raw tile: chunks of kRowBytes
+// per row, each swizzled as the copies write it (16-byte units XOR-ed with
+// the row's position in its 1024-byte atom).
+template <int kTileRows, int kRowBytes>
+__device__ __forceinline__ int raw_offset(int row, int byte) {
+  const int linear = (byte / kRowBytes) * (kTileRows * kRowBytes) +
+                     row * kRowBytes + byte % kRowBytes;
+  constexpr int kMask = kRowBytes / 16 - 1;
+  return linear ^ (((linear >> 7) & kMask) << 4);
+}
+
+// FP8 caches, producer warps 1..3: Q (bf16 or FP8 queries to fp16) and
+// every raw key tile widened to fp16 (exact) into the stages, zeros for the
+// keys past the sequence (their slots may hold anything).
+constexpr int kWideningWarps = kProducerThreads / 32 - 1;
+
+template <class Config>
+__device__ void widen_tiles(
+    const PrefillParams& p, const void* q, int64_t q_token_stride,
+    int64_t q_head_stride, uint8_t* smem,
+    PipelineBarriers<Config::kStages, Config::kRawSlots>& bar) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kBlockN = Config::kBlockN;
   constexpr int kHeadDim = Config::kHeadDim;
+  constexpr int kThreads = kWideningWarps * 32;
   constexpr int kUnits = kHeadDim / 16;  // 16-byte FP8 units of a row
-  constexpr int kRowsPerPass = kProducerThreads / kUnits;
-  static_assert(kBlockN % kRowsPerPass == 0);
-  const int tid = threadIdx.x;  // 0 .. kProducerThreads - 1
-  const int unit = tid % kUnits;
-  const int row0 = tid / kUnits;
+  const int tid = threadIdx.x - 32;      // 0 .. kThreads - 1
 
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
                           typename Config::SmemLayoutQ{});
@@ -189,12 +238,13 @@ __device__ void load_tiles_widened(const PrefillParams& p, const void* q,
   TileScheduler<kBlockN> scheduler(p);
   TileWork w;
   RingState<Config::kStages> ring;
+  RingState<Config::kRawSlots> raw;
   uint32_t q_phase = 0;
-  auto arrive = [&](uint64_t* full) {
+  auto arrive = [&](uint64_t* bar_full) {
     // Generic-proxy writes, read by wgmma through the async proxy.
     cutlass::arch::fence_view_async_shared();
     __syncwarp();
-    if (tid % 32 == 0) FullBarrier::arrive(full);
+    if (tid % 32 == 0) FullBarrier::arrive(bar_full);
   };
 
   while (scheduler.next(w)) {
@@ -204,76 +254,65 @@ __device__ void load_tiles_widened(const PrefillParams& p, const void* q,
     EmptyBarrier::wait(&bar.q_empty, q_phase ^ 1);
     {
       const int units = kHeadDim * q_elem_bytes / 16;
-      for (int e = tid; e < Config::kBlockM * units; e += kProducerThreads) {
+      for (int e = tid; e < Config::kBlockM * units; e += kThreads) {
         const int row = e / units;
         const int u = e % units;
         const int t = row / p.group;
         const int head = w.kv_head * p.group + row % p.group;
         const int64_t token = w.q_begin + w.token0 + t;
         const bool live = row < rows && t < w.tokens;
-        uint4 raw = make_uint4(0, 0, 0, 0);
+        uint4 in = make_uint4(0, 0, 0, 0);
         if (live) {
-          raw = *reinterpret_cast<const uint4*>(
+          in = *reinterpret_cast<const uint4*>(
               static_cast<const uint8_t*>(q) +
               (token * q_token_stride + head * q_head_stride) * q_elem_bytes +
               u * 16);
         }
         if (p.q_type == ElemType::kFp8E4m3) {
           uint4 h[2];
-          widen16(raw, h);
+          widen16(in, h);
           store_unit(sQ, row, u * 16, h[0]);
           store_unit(sQ, row, u * 16 + 8, h[1]);
         } else {
           store_unit(sQ, row, u * 8,
-                     p.q_type == ElemType::kBf16 ? bf16x8_to_f16x8(raw) : raw);
+                     p.q_type == ElemType::kBf16 ? bf16x8_to_f16x8(in) : in);
         }
       }
     }
     arrive(&bar.q_full);
     q_phase ^= 1;
 
-    const int32_t* ids = p.block_table + w.request * p.block_table_stride;
     for (int n = w.keys.tile_end - 1; n >= w.keys.tile_begin; --n) {
       const int s = ring.stage;
-      // This thread's rows of the key tile: row0 + i * kRowsPerPass; the
-      // cache block and slot of each (block -1: past the sequence).
-      constexpr int kRows = kBlockN / kRowsPerPass;
-      int64_t block[kRows];
-      int slot[kRows];
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int key = n * kBlockN + row0 + i * kRowsPerPass;
-        block[i] = key < w.kv_len ? ids[key / p.block_size] : -1;
-        slot[i] = key % p.block_size;
-      }
+      const uint8_t* slot =
+          smem + Config::kRawOffset + raw.stage * Config::kRawSlotBytes;
+      const int valid = w.kv_len - n * kBlockN;
+      FullBarrier::wait(&bar.raw_full[raw.stage], raw.phase);
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        const PagedCacheView& cache = m == 0 ? k_cache : v_cache;
-        uint64_t* empty = m == 0 ? &bar.k_empty[s] : &bar.v_empty[s];
-        uint64_t* full = m == 0 ? &bar.k_full[s] : &bar.v_full[s];
-        uint4 raw[kRows];
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          raw[i] = make_uint4(0, 0, 0, 0);
-          if (block[i] >= 0) {
-            raw[i] = __ldg(reinterpret_cast<const uint4*>(
-                static_cast<const uint8_t*>(cache.data) +
-                block[i] * cache.block_stride + slot[i] * cache.token_stride +
-                w.kv_head * cache.head_stride + unit * 16));
+        EmptyBarrier::wait(m == 0 ? &bar.k_empty[s] : &bar.v_empty[s],
+                           ring.phase ^ 1);
+        const uint8_t* src = slot + m * Config::kRawTileBytes;
+        for (int e = tid; e < kBlockN * kUnits; e += kThreads) {
+          const int row = e / kUnits;
+          const int byte = (e % kUnits) * 16;
+          uint4 h[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+          if (row < valid) {
+            widen16(
+                *reinterpret_cast<const uint4*>(
+                    src + raw_offset<kBlockN, Config::kRawRowBytes>(row, byte)),
+                h);
           }
+          store_unit((m == 0 ? sK : sV)(_, _, s), row, byte, h[0]);
+          store_unit((m == 0 ? sK : sV)(_, _, s), row, byte + 8, h[1]);
         }
-        EmptyBarrier::wait(empty, ring.phase ^ 1);
-#pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-          uint4 h[2];
-          widen16(raw[i], h);
-          const int row = row0 + i * kRowsPerPass;
-          store_unit((m == 0 ? sK : sV)(_, _, s), row, unit * 16, h[0]);
-          store_unit((m == 0 ? sK : sV)(_, _, s), row, unit * 16 + 8, h[1]);
-        }
-        arrive(full);
+        arrive(m == 0 ? &bar.k_full[s] : &bar.v_full[s]);
       }
+      // Every widening warp has read the raw tile.
+      __syncwarp();
+      if (tid % 32 == 0) EmptyBarrier::arrive(&bar.raw_empty[raw.stage]);
       ring.advance();
+      raw.advance();
     }
   }
 }

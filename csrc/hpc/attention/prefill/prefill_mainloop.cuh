@@ -171,12 +171,12 @@ struct WarpgroupTurns {
 // statistics in `softmax`. `ring` and `q_phase` carry the pipeline's
 // position from tile to tile.
 template <class Config, class FragO>
-__device__ void mma_tile(const PrefillParams& p, const TileWork& w,
-                         const RowInfo& rows, uint8_t* smem,
-                         PipelineBarriers<Config::kStages>& bar,
-                         RingState<Config::kStages>& ring, uint32_t& q_phase,
-                         const WarpgroupTurns<Config::kTakeTurns>& turns,
-                         FragO& acc_o, attention::OnlineSoftmax& softmax) {
+__device__ void mma_tile(
+    const PrefillParams& p, const TileWork& w, const RowInfo& rows,
+    uint8_t* smem, PipelineBarriers<Config::kStages, Config::kRawSlots>& bar,
+    RingState<Config::kStages>& ring, uint32_t& q_phase,
+    const WarpgroupTurns<Config::kTakeTurns>& turns, FragO& acc_o,
+    attention::OnlineSoftmax& softmax) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
@@ -270,7 +270,10 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
     softmax_step(n, alpha);
     warpgroup_wait<0>();
     release(&bar.v_empty[pv_stage]);
-    attention::scale_rows(acc_o, alpha);
+    // Once the running maxima settle, O needs no rescaling.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      attention::scale_rows(acc_o, alpha);
+    }
     convert_p();
     pv_stage = ring.stage;
     pv_phase = ring.phase;

@@ -18,7 +18,7 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
 constexpr int kConsumerWarps = 8;
 
-template <int kStages>
+template <int kStages, int kRawSlots>
 struct PipelineBarriers {
   uint64_t q_full;
   uint64_t q_empty;
@@ -26,10 +26,19 @@ struct PipelineBarriers {
   uint64_t k_empty[kStages];
   uint64_t v_full[kStages];
   uint64_t v_empty[kStages];
+  // FP8 caches: the raw key tiles (prefill_load.cuh).
+  uint64_t raw_full[kRawSlots > 0 ? kRawSlots : 1];
+  uint64_t raw_empty[kRawSlots > 0 ? kRawSlots : 1];
 
   // full_arrivals: 1 for TMA (one expect_tx arrival), the producer warps
-  // for stages the producer warpgroup writes itself.
+  // for stages the producer warpgroup writes itself (who also release the
+  // raw tiles).
   __device__ void init(int full_arrivals) {
+#pragma unroll
+    for (int s = 0; s < kRawSlots; ++s) {
+      FullBarrier::init(&raw_full[s], 1);
+      EmptyBarrier::init(&raw_empty[s], full_arrivals);
+    }
     FullBarrier::init(&q_full, full_arrivals);
     EmptyBarrier::init(&q_empty, kConsumerWarps);
 #pragma unroll
