@@ -37,6 +37,7 @@ __all__ = [
     "SUPPORTED_BLOCK_SIZES",
     "SUPPORTED_HEAD_SIZES",
     "decode_attention",
+    "decode_attention_unchecked",
     "decode_plan_size",
     "fused_moe_fp8",
     "moe_tiling",
@@ -1027,6 +1028,43 @@ def decode_attention(
         softcap,
     )
     _require_library()
+    decode_attention_unchecked(
+        q,
+        key_cache,
+        value_cache,
+        block_table,
+        kv_lens,
+        out,
+        workspace,
+        scale=scale,
+        query_tokens=query_tokens,
+        q_scale=q_scale,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        softcap=softcap,
+    )
+
+
+def decode_attention_unchecked(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lens: torch.Tensor,
+    out: torch.Tensor,
+    workspace: DecodeWorkspace,
+    *,
+    scale: float,
+    query_tokens: int = 1,
+    q_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    softcap: float = 0.0,
+) -> None:
+    """:func:`decode_attention` without argument validation, for callers
+    that validated their configuration once (the attention backend's hot
+    path). Same arguments and semantics; the C++ adapter still checks memory
+    safety."""
     torch.ops._hpc_C.decode_attention(
         q,
         key_cache,
