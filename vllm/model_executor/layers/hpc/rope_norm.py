@@ -33,8 +33,18 @@ implementation, on purpose:
   in-tree decode planner replaces it.
 * FP8 Q scales live in one persistent ``[max_num_batched_tokens, num_heads]``
   float32 buffer shared by all layers (each layer's attention consumes its
-  scales before the next layer's prologue runs); the decode and prefill rows
-  are handed off as ``hpc_decode_q_scale`` and ``hpc_prefill_q_scale``.
+  scales before the next layer's prologue runs): the attention builder's
+  ``hpc_q_scale_buffer``, or a buffer of this module when the metadata has
+  none. The decode and prefill rows are handed off as ``hpc_decode_q_scale``
+  and ``hpc_prefill_q_scale``.
+
+The hand-off fields are declared on ``HpcAttnMetadata``. Each prologue writes
+all of them; the attention of the same layer reads them and resets them, and
+the builder starts every step with fresh metadata, so no value reaches another
+layer or step. The op runs eagerly between piecewise CUDA graphs, is captured
+together with the attention in FULL graphs (the hand-off is then resolved at
+capture), and is an eager break under ``VLLM_USE_BREAKABLE_CUDAGRAPH=1``, so
+that it and the attention both run at replay.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ from vllm._hpc_ops import (
     QkNormPolicy,
     rope_norm_store_kv,
 )
+from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import get_current_vllm_config_or_none
 from vllm.forward_context import ForwardContext, get_forward_context
 from vllm.logger import init_logger
@@ -159,7 +170,7 @@ def _positions_from_metadata(
     """
     positions = getattr(attn_metadata, "positions", None)
     if positions is None:
-        positions = getattr(attn_metadata, "_hpc_positions", None)
+        positions = getattr(attn_metadata, "hpc_positions", None)
     if positions is not None:
         return positions
 
@@ -192,7 +203,7 @@ def _positions_from_metadata(
         prefill_loc,
         attn_metadata.num_decode_tokens,
     )
-    attn_metadata._hpc_positions = positions
+    attn_metadata.hpc_positions = positions
     return positions
 
 
@@ -228,6 +239,7 @@ def split_kv_cache(
 # ---------------------------------------------------------------------------
 
 
+@eager_break_during_capture
 def hpc_rope_norm_forward(
     qkv: torch.Tensor,
     output: torch.Tensor,
@@ -237,7 +249,10 @@ def hpc_rope_norm_forward(
 
     Writes the processed Q into ``output``. Registered as
     ``vllm::hpc_rope_norm_forward``, a graph splitting op, so its body is
-    opaque to torch.compile.
+    opaque to torch.compile. Under a breakable CUDA graph it is an eager
+    break, like the attention op: its hand-off to the attention backend is
+    Python state on the step's metadata, which a captured launch would not
+    set again at replay.
     """
     forward_context: ForwardContext = get_forward_context()
     attn_metadata: Any = forward_context.attn_metadata
@@ -589,6 +604,25 @@ class HpcRopeNorm(CustomOp, HpcModule):
         self._q_scale = _q_scale_buffers[key]
         return self._q_scale
 
+    def _step_q_scale(
+        self, attn_metadata: HpcAttnMetadata, num_tokens: int, device: torch.device
+    ) -> torch.Tensor:
+        """``[num_tokens, num_heads]`` rows for this step's FP8 Q scales.
+
+        The attention backend's builder owns a persistent buffer for them
+        (``hpc_q_scale_buffer``); the layer's own buffer is the fallback for
+        metadata without one.
+        """
+        buf = getattr(attn_metadata, "hpc_q_scale_buffer", None)
+        if (
+            buf is not None
+            and buf.device == device
+            and buf.shape[0] >= num_tokens
+            and buf.shape[1] == self.num_heads
+        ):
+            return buf[:num_tokens]
+        return self._q_scale_buffer(num_tokens, device)[:num_tokens]
+
     def _forward_impl(
         self,
         qkv: torch.Tensor,
@@ -615,7 +649,7 @@ class HpcRopeNorm(CustomOp, HpcModule):
 
         q_scale = None
         if output.dtype == torch.float8_e4m3fn:
-            q_scale = self._q_scale_buffer(num_tokens, qkv.device)[:num_tokens]
+            q_scale = self._step_q_scale(attn_metadata, num_tokens, qkv.device)
 
         q_norm_weight = k_norm_weight = None
         if self.qk_norm_policy != QkNormPolicy.NONE:
@@ -642,10 +676,18 @@ class HpcRopeNorm(CustomOp, HpcModule):
             is_neox=self.is_neox_style,
         )
 
-        if q_scale is not None:
-            if attn_metadata.num_decodes > 0:
-                attn_metadata.hpc_decode_q_scale = q_scale[:num_decode_tokens]
-            if attn_metadata.num_prefills > 0:
-                attn_metadata.hpc_prefill_q_scale = q_scale[num_decode_tokens:]
+        # Every hand-off field is written, so nothing of another layer's
+        # prologue survives even if its attention did not consume it.
+        has_scales = q_scale is not None
+        attn_metadata.hpc_decode_q_scale = (
+            q_scale[:num_decode_tokens]
+            if has_scales and attn_metadata.num_decodes > 0
+            else None
+        )
+        attn_metadata.hpc_prefill_q_scale = (
+            q_scale[num_decode_tokens:]
+            if has_scales and attn_metadata.num_prefills > 0
+            else None
+        )
         # The attention backend skips its own KV-cache write when this is set.
         attn_metadata.hpc_kv_written = True
