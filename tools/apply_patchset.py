@@ -9,15 +9,22 @@ Each upstream file it replaces is backed up once into
 ``<target>/.hpc_patchset/`` next to a manifest, from which ``--revert``
 restores it byte for byte.
 
-With ``--vllm-src DIR`` the patch set goes into a vLLM source checkout
-instead, together with ``csrc/hpc/`` and ``cmake/hpc_extension.cmake``, and
-the ``_hpc_C`` extension is wired into the checkout's CMakeLists.txt and
-setup.py.
+With ``--vllm-src DIR`` the whole change goes into a vLLM source checkout
+instead, as a pull request would carry it: the ``vllm/`` files, the kernels
+(``csrc/hpc/``), the ``_hpc_C`` target written for vLLM's CMake helpers
+(``cmake/hpc_extension.cmake``, generated from
+``cmake/hpc_extension.vllm.cmake.in`` with the kernel sources listed),
+its wiring into CMakeLists.txt and setup.py, the attention registry's
+description of the backend, the tests at vLLM's test paths
+(``TEST_DESTINATIONS``) and the kernel benchmarks.
 
-    python tools/apply_patchset.py            # apply (links)
-    python tools/apply_patchset.py --check    # report; exit 0 when all good
-    python tools/apply_patchset.py --diff     # unified diff, ready for a PR
-    python tools/apply_patchset.py --revert   # back to upstream
+    python tools/apply_patchset.py                       # apply (links)
+    python tools/apply_patchset.py --check               # exit 0 when all good
+    python tools/apply_patchset.py --revert              # back to upstream
+    python tools/apply_patchset.py --vllm-src DIR        # apply to a checkout
+    python tools/apply_patchset.py --vllm-src DIR --diff # the PR as a patch
+
+Without ``--vllm-src``, ``--diff`` covers the ``vllm/`` files only.
 
 Exit codes: 0 success, 1 failure, 2 unsupported or unknown vLLM version.
 """
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -44,23 +52,59 @@ BASE_VERSION = "0.33.0"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATE_DIR = ".hpc_patchset"
 MANIFEST = "manifest.json"
-BEGIN_MARK = "# >>> hpc patch set"
-END_MARK = "# <<< hpc patch set"
 HPC_ATTN_BACKEND = "vllm.v1.attention.backends.hpc_attn.HpcAttentionBackend"
 
+# What goes into vLLM's own files. Each carries a sign, a line only the wired
+# file has, by which a checkout wired without a backup is recognised.
+CMAKE_SIGN = "  include(${CMAKE_CURRENT_LIST_DIR}/cmake/hpc_extension.cmake)\n"
 CMAKE_BLOCK = (
-    f"{BEGIN_MARK}\n"
+    "#\n"
+    "# _hpc_C extension: the Hopper kernels of the HPC_ATTN attention backend\n"
+    "# and the hpc MoE backend (cmake/hpc_extension.cmake).\n"
+    "#\n"
     'if(VLLM_GPU_LANG STREQUAL "CUDA")\n'
-    "  include(${CMAKE_CURRENT_LIST_DIR}/cmake/hpc_extension.cmake)\n"
+    f"{CMAKE_SIGN}"
     "endif()\n"
-    f"{END_MARK}\n"
+)
+SETUP_SIGN = (
+    '    ext_modules.append(CMakeExtension(name="vllm._hpc_C", optional=True))\n'
 )
 SETUP_BLOCK = (
-    f"{BEGIN_MARK}\n"
     "if _is_cuda():\n"
-    '    ext_modules.append(CMakeExtension(name="vllm._hpc_C"))\n'
-    f"{END_MARK}\n"
+    "    # Hopper kernels of the HPC_ATTN and hpc MoE backends; CMake skips\n"
+    "    # them unless 9.0a is among the CUDA target architectures.\n"
+    f"{SETUP_SIGN}"
 )
+REGISTRY = "vllm/v1/attention/backends/registry.py"
+REGISTRY_SIGN = "    # HPC attention backend: Hopper kernels built into vllm._hpc_C.\n"
+REGISTRY_COMMENT = (
+    f"{REGISTRY_SIGN}"
+    "    # Any decoder model with head size 64, 128 or 256 and 1 to 16 query\n"
+    "    # heads per KV head; bfloat16 or float16 activations; KV cache auto,\n"
+    "    # bfloat16, float16, fp8 or fp8_e4m3; kernel block sizes 16, 32 and 64;\n"
+    "    # sliding window and logits soft-cap. Compute capability 9.x only; no\n"
+    "    # attention sinks, MLA, encoder attention or ALiBi.\n"
+)
+
+# The vLLM-side _hpc_C target: a template whose @HPC_SOURCES@ line becomes
+# the kernel sources, one quoted path a line, as vLLM's lists are written.
+CMAKE_TEMPLATE = "cmake/hpc_extension.vllm.cmake.in"
+CMAKE_FRAGMENT = "cmake/hpc_extension.cmake"
+SOURCES_PLACEHOLDER = "@HPC_SOURCES@"
+KERNEL_SUFFIXES = (".cu", ".cpp")
+
+# Where this tree's tests go in a vLLM checkout: (directory in this tree,
+# pattern for the path below it, directory in vLLM); the first match wins.
+# A test no rule matches (the tests of this tool) is not part of the PR.
+TEST_DESTINATIONS: tuple[tuple[str, str, str], ...] = (
+    ("tests", "conftest.py", "tests/kernels/hpc"),
+    ("tests/kernels", "*", "tests/kernels/hpc"),
+    ("tests/vllm_integration", "*moe*", "tests/kernels/moe"),
+    ("tests/vllm_integration", "*rope_norm*", "tests/model_executor/layers"),
+    ("tests/vllm_integration", "*", "tests/v1/attention"),
+    ("tests/tools", "test_benchmark_*", "tests/benchmarks"),
+)
+BENCHMARKS = "benchmarks/kernels"
 
 Manifest = dict[str, Any]
 PLURAL = {"link": "links", "copy": "copies"}
@@ -74,6 +118,18 @@ class PatchSetError(Exception):
         self.code = code
 
 
+@dataclass(frozen=True)
+class Edit:
+    """A file of the checkout the patch set writes, not links or copies.
+
+    ``make`` turns the upstream text (None: there is no such file) into the
+    patch set's; ``sign`` is a line that only the result has.
+    """
+
+    make: Callable[[str | None], str]
+    sign: str
+
+
 @dataclass
 class Layout:
     """Where the patch set goes; file paths are relative to ``root``."""
@@ -82,7 +138,7 @@ class Layout:
     package: Path  # the vllm package directory
     label: str  # prefix turning a root-relative path into a vLLM repo path
     files: dict[str, Path]  # destination -> patch-set file
-    edits: dict[str, Callable[[str], str]] = field(default_factory=dict)
+    edits: dict[str, Edit] = field(default_factory=dict)
     source: bool = False
 
     def repo_path(self, rel: str) -> str:
@@ -133,24 +189,91 @@ def installed_layout(target: Path, tree: Path) -> Layout:
     return Layout(root=target, package=target, label="vllm/", files=files)
 
 
+def test_destination(rel: str) -> str | None:
+    """Where the tree's test file ``rel`` goes in vLLM, or None: nowhere."""
+    for base, pattern, dest in TEST_DESTINATIONS:
+        prefix = f"{base}/"
+        if rel.startswith(prefix):
+            below = rel[len(prefix) :]
+            if fnmatch.fnmatchcase(below, pattern):
+                return f"{dest}/{below}"
+    return None
+
+
+def source_files(tree: Path) -> dict[str, Path]:
+    """The tree's files by their path in a vLLM checkout."""
+    files = {
+        f"vllm/{rel}": path
+        for rel, path in tree_files(tree / "vllm").items()
+        # The checkout builds its own library, so a prebuilt one is not copied.
+        if not rel.endswith(".so")
+    }
+    kernels = tree_files(tree / "csrc" / "hpc")
+    if not kernels or not (tree / CMAKE_TEMPLATE).is_file():
+        raise PatchSetError(f"{tree} lacks csrc/hpc/ or {CMAKE_TEMPLATE}")
+    files.update({f"csrc/hpc/{rel}": path for rel, path in kernels.items()})
+    for rel, path in tree_files(tree / "tests").items():
+        dest = test_destination(f"tests/{rel}")
+        if dest is None:
+            continue
+        if dest in files:
+            raise PatchSetError(
+                f"tests/{rel} and {files[dest].relative_to(tree)} both map to {dest}"
+            )
+        files[dest] = path
+    for rel, path in tree_files(tree / BENCHMARKS).items():
+        files[f"{BENCHMARKS}/{rel}"] = path
+    return dict(sorted(files.items()))
+
+
+def kernel_sources(files: dict[str, Path]) -> list[str]:
+    """The translation units of ``_hpc_C``, by their path in the checkout."""
+    return sorted(
+        rel
+        for rel in files
+        if rel.startswith("csrc/hpc/") and rel.endswith(KERNEL_SUFFIXES)
+    )
+
+
+def vllm_cmake_fragment(template: str, sources: list[str]) -> str:
+    """The vLLM-side ``_hpc_C`` target with its sources listed."""
+    lines = template.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if SOURCES_PLACEHOLDER in line]
+    if len(at) != 1 or not sources:
+        raise PatchSetError(
+            f"{CMAKE_TEMPLATE} needs one {SOURCES_PLACEHOLDER} line and sources"
+        )
+    listed = "\n".join(f'  "{rel}"' for rel in sources)
+    lines[at[0]] = lines[at[0]].replace(SOURCES_PLACEHOLDER, listed)
+    return "".join(lines)
+
+
 def source_layout(src: Path, tree: Path) -> Layout:
     for name in ("vllm", "CMakeLists.txt", "setup.py"):
         if not (src / name).exists():
             raise PatchSetError(f"{src} is not a vLLM source checkout: no {name}")
-    # The checkout builds its own library, so a prebuilt one is not copied.
-    files = {
-        f"vllm/{rel}": path
-        for rel, path in tree_files(tree / "vllm").items()
-        if not rel.endswith(".so")
+    files = source_files(tree)
+    fragment = vllm_cmake_fragment(
+        (tree / CMAKE_TEMPLATE).read_text(), kernel_sources(files)
+    )
+    edits = {
+        "CMakeLists.txt": Edit(_upstream(wire_cmake, "CMakeLists.txt"), CMAKE_SIGN),
+        "setup.py": Edit(_upstream(wire_setup, "setup.py"), SETUP_SIGN),
+        CMAKE_FRAGMENT: Edit(lambda _: fragment, fragment.splitlines()[1] + "\n"),
+        REGISTRY: Edit(_upstream(describe_backend, REGISTRY), REGISTRY_SIGN),
     }
-    kernels = tree_files(tree / "csrc" / "hpc")
-    fragment = tree / "cmake" / "hpc_extension.cmake"
-    if not kernels or not fragment.is_file():
-        raise PatchSetError(f"{tree} lacks csrc/hpc/ or cmake/hpc_extension.cmake")
-    files.update({f"csrc/hpc/{rel}": path for rel, path in kernels.items()})
-    files["cmake/hpc_extension.cmake"] = fragment
-    edits = {"CMakeLists.txt": wire_cmake, "setup.py": wire_setup}
     return Layout(src, src / "vllm", "", files, edits, source=True)
+
+
+def _upstream(edit: Callable[[str], str], rel: str) -> Callable[[str | None], str]:
+    """``edit`` for a file that upstream has; refuses when it is missing."""
+
+    def make(text: str | None) -> str:
+        if text is None:
+            raise PatchSetError(f"the checkout has no {rel}")
+        return edit(text)
+
+    return make
 
 
 # --- versions -------------------------------------------------------------
@@ -261,6 +384,18 @@ def wire_setup(text: str) -> str:
     except SyntaxError as e:
         raise PatchSetError(f"wiring setup.py would break it: {e}") from e
     return wired
+
+
+def describe_backend(text: str) -> str:
+    """Replace the registry's comment on ``HPC_ATTN`` with what it supports."""
+    lines = text.splitlines(keepends=True)
+    at = [i for i, line in enumerate(lines) if re.match(r"\s*HPC_ATTN\s*=", line)]
+    if len(at) != 1:
+        raise PatchSetError(f"{REGISTRY} has no single HPC_ATTN entry")
+    start = at[0]
+    while start > 0 and lines[start - 1].lstrip().startswith("#"):
+        start -= 1
+    return "".join(lines[:start]) + REGISTRY_COMMENT + "".join(lines[at[0] :])
 
 
 # --- upstream pieces the patch set relies on ------------------------------
@@ -420,13 +555,20 @@ def _text(path: Path) -> str | None:
         return None
 
 
-def _original_text(layout: Layout, rel: str, entry: dict[str, str] | None) -> str:
-    """Upstream text of a file the patch set edits."""
+def _original_text(
+    layout: Layout, rel: str, entry: dict[str, str] | None
+) -> str | None:
+    """Upstream text of a file the patch set writes; None: upstream has none."""
     if entry is not None:
+        if entry["kind"] == "new":
+            return None
         return _verified_backup(layout.root, rel, entry).decode()
-    text = (layout.root / rel).read_bytes().decode()
-    if BEGIN_MARK in text:
-        raise PatchSetError(f"{layout.root / rel} is already wired but has no backup")
+    path = layout.root / rel
+    if not path.is_file():
+        return None
+    text = path.read_bytes().decode()
+    if layout.edits[rel].sign in text.splitlines(keepends=True):
+        raise PatchSetError(f"{path} is already wired but has no backup")
     return text
 
 
@@ -441,7 +583,7 @@ def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
     entries: dict[str, dict[str, str]] = manifest["files"]
     # Everything that can fail is worked out before anything changes.
     edited = {
-        rel: edit(_original_text(layout, rel, entries.get(rel)))
+        rel: edit.make(_original_text(layout, rel, entries.get(rel)))
         for rel, edit in layout.edits.items()
     }
     for rel, entry in entries.items():
@@ -483,8 +625,9 @@ def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
                 print(f"{mode} {layout.repo_path(rel)}")
     for rel, text in edited.items():
         dest = root / rel
-        if dest.read_bytes() != text.encode():
-            dest.unlink()
+        if not dest.is_file() or dest.is_symlink() or dest.read_text() != text:
+            dest.unlink(missing_ok=True)
+            dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(text.encode())
             changed += 1
             if verbose:
@@ -541,11 +684,16 @@ def file_state(dest: Path, src: Path, entry: dict[str, str] | None) -> str:
 
 
 def _edit_state(layout: Layout, rel: str, entry: dict[str, str] | None) -> str:
-    current = (layout.root / rel).read_bytes().decode()
+    path = layout.root / rel
+    current = path.read_bytes().decode() if path.is_file() else None
+    edit = layout.edits[rel]
     if entry is None:
-        return "stale edit" if BEGIN_MARK in current else "not applied"
-    original = _verified_backup(layout.root, rel, entry).decode()
-    if current == layout.edits[rel](original):
+        wired = current is not None and edit.sign in current.splitlines(True)
+        return "stale edit" if wired else "not applied"
+    original = _original_text(layout, rel, entry)
+    if current is None:
+        return "not applied"
+    if current == edit.make(original):
         return "applied as edit"
     return "upstream" if current == original else "stale edit"
 
@@ -607,7 +755,7 @@ def diff(layout: Layout) -> str:
     require_version(layout)
     manifest = load_manifest(layout.root)
     entries = manifest["files"] if manifest else {}
-    chunks = []
+    chunks: dict[str, str] = {}
     for rel, src in layout.files.items():
         new = _text(src)
         if new is None:
@@ -621,11 +769,11 @@ def diff(layout: Layout) -> str:
         else:
             old = _text(dest) if dest.is_file() and not dest.is_symlink() else None
         mode = "100755" if os.access(src, os.X_OK) else "100644"
-        chunks.append(_unified(old, new, layout.repo_path(rel), mode))
+        chunks[rel] = _unified(old, new, layout.repo_path(rel), mode)
     for rel, edit in layout.edits.items():
         old = _original_text(layout, rel, entries.get(rel))
-        chunks.append(_unified(old, edit(old), rel, "100644"))
-    return "".join(chunks)
+        chunks[rel] = _unified(old, edit.make(old), rel, "100644")
+    return "".join(chunks[rel] for rel in sorted(chunks))
 
 
 # --- command line ---------------------------------------------------------

@@ -88,6 +88,14 @@ endif ()
 """
 
 
+FAKE_TEMPLATE = """\
+# the _hpc_C target
+set(SRCS
+@HPC_SOURCES@)
+define_extension_target(_hpc_C SOURCES ${SRCS})
+"""
+
+
 @pytest.fixture(scope="session")
 def installed() -> Path:
     try:
@@ -108,7 +116,15 @@ def tree(tmp_path: Path) -> Path:
         "vllm/hpc_extra/kernels.py": "K = 1\n",
         "csrc/hpc/ops.cu": "// kernels\n",
         "csrc/hpc/common/vec.cuh": "#pragma once\n",
+        "csrc/hpc/common/host.cpp": "// host code\n",
         "cmake/hpc_extension.cmake": "add_library(_hpc_C MODULE)\n",
+        "cmake/hpc_extension.vllm.cmake.in": FAKE_TEMPLATE,
+        "tests/conftest.py": "# shared setup\n",
+        "tests/kernels/test_ops.py": "def test_ops(): pass\n",
+        "tests/vllm_integration/test_hpc_moe_layer.py": "MOE = 1\n",
+        "tests/vllm_integration/test_hpc_attn_backend.py": "ATTN = 1\n",
+        "tests/tools/test_apply_patchset.py": "TOOL = 1\n",
+        "benchmarks/kernels/benchmark_ops.py": "BENCH = 1\n",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -399,18 +415,29 @@ def test_vllm_src_apply_and_revert(tree: Path, src: Path, capsys, monkeypatch) -
             assert not (src / "vllm" / rel).is_symlink()
             assert (src / "vllm" / rel).read_bytes() == path.read_bytes()
     assert (src / "csrc/hpc/common/vec.cuh").read_text() == "#pragma once\n"
-    assert (src / "cmake/hpc_extension.cmake").is_file()
+    assert (src / "cmake/hpc_extension.cmake").read_text() == (
+        '# the _hpc_C target\nset(SRCS\n  "csrc/hpc/common/host.cpp"\n'
+        '  "csrc/hpc/ops.cu")\ndefine_extension_target(_hpc_C SOURCES ${SRCS})\n'
+    )
+    assert (src / "tests/kernels/hpc/conftest.py").read_text() == "# shared setup\n"
+    assert (src / "tests/kernels/hpc/test_ops.py").is_file()
+    assert (src / "tests/kernels/moe/test_hpc_moe_layer.py").is_file()
+    assert (src / "tests/v1/attention/test_hpc_attn_backend.py").is_file()
+    assert (src / "benchmarks/kernels/benchmark_ops.py").is_file()
+    assert not (src / "tests/tools").exists()
 
     cmake = (src / "CMakeLists.txt").read_text()
-    block = cmake.index(tool.BEGIN_MARK)
+    block = cmake.index(tool.CMAKE_BLOCK)
     assert (
         block
         < cmake.index("# For CUDA we also build")
         < cmake.index("vllm_flash_attn.cmake")
     )
     assert "include(${CMAKE_CURRENT_LIST_DIR}/cmake/hpc_extension.cmake)" in cmake
-    assert 'if(VLLM_GPU_LANG STREQUAL "CUDA")' in cmake[block:]
-    assert tool.END_MARK in cmake
+    assert 'if(VLLM_GPU_LANG STREQUAL "CUDA")' in tool.CMAKE_BLOCK
+    registry = (src / "vllm" / REGISTRY).read_text()
+    assert tool.REGISTRY_COMMENT + "    HPC_ATTN = " in registry
+    assert "hpc-ops" not in registry
     setup_py = src / "setup.py"
     assert "vllm._hpc_C" in _extensions(setup_py, "cuda", monkeypatch)
     assert "vllm._hpc_C" not in _extensions(setup_py, "rocm", monkeypatch)
@@ -430,9 +457,13 @@ def test_vllm_src_apply_and_revert(tree: Path, src: Path, capsys, monkeypatch) -
         "--- /dev/null\n+++ b/csrc/hpc/ops.cu\n",
         "--- /dev/null\n+++ b/cmake/hpc_extension.cmake\n",
         "--- a/vllm/utils/hpc.py\n+++ b/vllm/utils/hpc.py\n",
+        f"--- a/vllm/{REGISTRY}\n+++ b/vllm/{REGISTRY}\n",
+        "--- /dev/null\n+++ b/tests/kernels/hpc/test_ops.py\n",
+        "--- /dev/null\n+++ b/benchmarks/kernels/benchmark_ops.py\n",
     ):
         assert header in out
-    assert '+    ext_modules.append(CMakeExtension(name="vllm._hpc_C"))' in out
+    assert "+" + tool.SETUP_SIGN in out
+    assert "test_apply_patchset" not in out
 
     assert run(*args, "--revert") == 0
     assert snapshot(src) == before
