@@ -12,7 +12,7 @@ planner against the host planner (marked ``gpu``).
   consecutive query tokens of one request and one KV head; its cost is the
   number of keys its last query token sees under the bottom-right causal
   mask; tiles come in descending cost buckets (cost >> shift, fewer than
-  2048 buckets), KV-head-major inside a bucket.
+  16 buckets), KV-head-major inside a bucket.
 """
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ BF16 = torch.bfloat16
 FP8 = torch.float8_e4m3fn
 TOKENS, BATCH, HQ, HKV, D, BS, BLOCKS = 40, 3, 16, 2, 128, 16, 64
 
-# The plan's definitions (prefill_plan.h): 128 query rows per tile and 2048
+# The plan's definitions (prefill_plan.h): 128 query rows per tile and 16
 # cost buckets.
 TILE_ROWS = 128
-COST_BUCKETS = 2048
+COST_BUCKETS = 16
 
 
 # ---------------------------------------------------------------------------

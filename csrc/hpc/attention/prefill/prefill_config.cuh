@@ -78,8 +78,8 @@ struct PrefillConfig {
   static constexpr bool kTakeTurns = kHeadDim <= 128;
 
   // Register budgets after reallocation (sum <= 64K registers).
-  static constexpr int kProducerRegs = kWidenKv ? 56 : 40;
-  static constexpr int kConsumerRegs = kWidenKv ? 224 : 232;
+  static constexpr int kProducerRegs = kWidenKv ? 64 : 40;
+  static constexpr int kConsumerRegs = kWidenKv ? 216 : 232;
   static_assert(kProducerThreads * kProducerRegs +
                     kConsumerThreads * kConsumerRegs <=
                 65536);

@@ -221,7 +221,10 @@ __device__ void widen_tiles(
   constexpr int kHeadDim = Config::kHeadDim;
   constexpr int kThreads = kWideningWarps * 32;
   constexpr int kUnits = kHeadDim / 16;  // 16-byte FP8 units of a row
-  const int tid = threadIdx.x - 32;      // 0 .. kThreads - 1
+  constexpr int kTotal = kBlockN * kUnits;
+  constexpr int kIters = (kTotal + kThreads - 1) / kThreads;
+  constexpr int kBatch = 4;
+  const int tid = threadIdx.x - 32;  // 0 .. kThreads - 1
 
   Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem)),
                           typename Config::SmemLayoutQ{});
@@ -293,18 +296,33 @@ __device__ void widen_tiles(
         EmptyBarrier::wait(m == 0 ? &bar.k_empty[s] : &bar.v_empty[s],
                            ring.phase ^ 1);
         const uint8_t* src = slot + m * Config::kRawTileBytes;
-        for (int e = tid; e < kBlockN * kUnits; e += kThreads) {
-          const int row = e / kUnits;
-          const int byte = (e % kUnits) * 16;
-          uint4 h[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-          if (row < valid) {
-            widen16(
-                *reinterpret_cast<const uint4*>(
-                    src + raw_offset<kBlockN, Config::kRawRowBytes>(row, byte)),
-                h);
+        // kBatch independent shared loads in flight per thread.
+#pragma unroll 1
+        for (int i0 = 0; i0 < kIters; i0 += kBatch) {
+          uint4 in[kBatch];
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            const int e = tid + (i0 + j) * kThreads;
+            const int row = e / kUnits;
+            in[j] = make_uint4(0, 0, 0, 0);
+            if (i0 + j < kIters && e < kTotal && row < valid) {
+              in[j] = *reinterpret_cast<const uint4*>(
+                  src + raw_offset<kBlockN, Config::kRawRowBytes>(
+                            row, (e % kUnits) * 16));
+            }
           }
-          store_unit((m == 0 ? sK : sV)(_, _, s), row, byte, h[0]);
-          store_unit((m == 0 ? sK : sV)(_, _, s), row, byte + 8, h[1]);
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            const int e = tid + (i0 + j) * kThreads;
+            if (i0 + j < kIters && e < kTotal) {
+              uint4 h[2];
+              widen16(in[j], h);
+              const int row = e / kUnits;
+              const int col = (e % kUnits) * 16;
+              store_unit((m == 0 ? sK : sV)(_, _, s), row, col, h[0]);
+              store_unit((m == 0 ? sK : sV)(_, _, s), row, col + 8, h[1]);
+            }
+          }
         }
         arrive(m == 0 ? &bar.k_full[s] : &bar.v_full[s]);
       }

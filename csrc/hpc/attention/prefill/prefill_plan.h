@@ -27,8 +27,11 @@ namespace hpc {
 namespace prefill {
 
 constexpr int kTileRows = 128;
-// Cost buckets of the longest-first order.
-constexpr int kCostBuckets = 2048;
+// Cost buckets of the longest-first order. Few and wide: the tiles of one
+// bucket go KV head by KV head, so the CTAs running at the same time share
+// the K/V of a few heads (and requests) in L2 instead of streaming all of
+// them; the snake order evens out the costs inside a bucket.
+constexpr int kCostBuckets = 16;
 
 enum PlanHeader : int {
   kNumTiles = 0,  // tiles listed
