@@ -8,7 +8,8 @@
   vLLM installed the tree's directory is a namespace package. When an
   installed vLLM lacks ``_hpc_ops`` (the patch set is not applied to it), the
   tree's ``vllm/_hpc_ops.py``, which imports torch only, is loaded under that
-  name.
+  name. In a vLLM checkout this file is tests/kernels/hpc/conftest.py and the
+  checkout's own module is used.
 * Tests marked ``@pytest.mark.gpu`` are skipped, with the reason, unless an
   sm90 CUDA GPU is present and the ``_hpc_C`` library is loaded.
 """
@@ -21,14 +22,20 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+_HERE = Path(__file__).resolve().parent
+# The root of the tree that holds the ``vllm`` directory: this repository, or
+# a vLLM checkout, where this file sits in tests/kernels/hpc/.
+REPO_ROOT = next((p for p in _HERE.parents if (p / "vllm").is_dir()), _HERE.parent)
 GPU_MARKER = "gpu: needs an sm90 GPU and the built _hpc_C"
 
 
 # The kernel tests' helpers (as pytest's default import mode would expose
 # them to the test modules in that directory) hold the one loader of the op
-# module.
-_KERNEL_TESTS = str(REPO_ROOT / "tests" / "kernels")
+# module. Here they are in tests/kernels/; in a vLLM checkout, beside this file.
+_KERNEL_DIR = _HERE / "kernels"
+if not (_KERNEL_DIR / "rope_norm_reference.py").is_file():
+    _KERNEL_DIR = _HERE
+_KERNEL_TESTS = str(_KERNEL_DIR)
 if _KERNEL_TESTS not in sys.path:
     sys.path.insert(0, _KERNEL_TESTS)
 from rope_norm_reference import import_hpc_ops  # noqa: E402

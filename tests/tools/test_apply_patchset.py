@@ -517,3 +517,323 @@ def test_repository_tree_round_trip(tmp_path: Path, installed: Path) -> None:
     assert "+++ b/vllm/_hpc_ops.py" in cli("--diff").stdout
     assert cli("--revert").returncode == 0
     assert snapshot(package) == before
+
+
+# --- the whole PR against the real tree ----------------------------------
+
+
+def _fake_checkout(root: Path) -> Path:
+    """The three things that make a directory a vLLM checkout to the tool."""
+    (root / "vllm").mkdir(parents=True)
+    (root / "CMakeLists.txt").write_text(FAKE_CMAKE)
+    (root / "setup.py").write_text(FAKE_SETUP)
+    return root
+
+
+def _tracked(pattern: str) -> list[str]:
+    if shutil.which("git") is None or not (REPO_ROOT / ".git").exists():
+        pytest.skip("needs git and this repository's history")
+    out = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "ls-files", pattern],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.split()
+
+
+def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
+    layout = tool.source_layout(_fake_checkout(tmp_path / "src"), REPO_ROOT)
+    for rel in tool.tree_files(REPO_ROOT / "vllm"):
+        if not rel.endswith(".so"):
+            assert f"vllm/{rel}" in layout.files
+    for rel in tool.tree_files(REPO_ROOT / "csrc" / "hpc"):
+        assert f"csrc/hpc/{rel}" in layout.files
+    for rel in tool.tree_files(REPO_ROOT / tool.BENCHMARKS):
+        assert f"{tool.BENCHMARKS}/{rel}" in layout.files
+    assert not set(layout.files) & set(layout.edits)
+    assert not any(rel.endswith(".so") for rel in layout.files)
+
+    # every test goes somewhere in vLLM's tests/, bar this tool's own
+    mapped = {}
+    for rel in tool.tree_files(REPO_ROOT / "tests"):
+        dest = tool.test_destination(f"tests/{rel}")
+        if rel.startswith("tools/") and not rel.startswith("tools/test_benchmark_"):
+            assert dest is None, rel
+            continue
+        assert dest is not None and dest.startswith("tests/"), rel
+        assert layout.files[dest] == REPO_ROOT / "tests" / rel
+        mapped[dest] = rel
+    assert mapped["tests/kernels/hpc/conftest.py"] == "conftest.py"
+
+    # the generated target lists every translation unit, the tracked ones too
+    fragment = layout.edits[tool.CMAKE_FRAGMENT].make(None)
+    lines = fragment.splitlines()
+    listed = [line.strip().strip(')"') for line in lines if "csrc/hpc/" in line]
+    assert listed == tool.kernel_sources(layout.files)
+    assert set(_tracked("csrc/hpc/*.cu") + _tracked("csrc/hpc/*.cpp")) <= set(listed)
+    assert "csrc/hpc/torch_bindings.cpp" in listed
+    assert tool.SOURCES_PLACEHOLDER not in fragment
+
+
+@pytest.mark.parametrize(
+    "rel, dest",
+    [
+        ("tests/conftest.py", "tests/kernels/hpc/conftest.py"),
+        ("tests/kernels/test_decode_ops.py", "tests/kernels/hpc/test_decode_ops.py"),
+        ("tests/kernels/sub/helper.py", "tests/kernels/hpc/sub/helper.py"),
+        (
+            "tests/vllm_integration/test_hpc_moe_oracle.py",
+            "tests/kernels/moe/test_hpc_moe_oracle.py",
+        ),
+        (
+            "tests/vllm_integration/test_hpc_rope_norm_layer.py",
+            "tests/model_executor/layers/test_hpc_rope_norm_layer.py",
+        ),
+        (
+            "tests/vllm_integration/test_hpc_attn_backend.py",
+            "tests/v1/attention/test_hpc_attn_backend.py",
+        ),
+        (
+            "tests/tools/test_benchmark_hpc_moe.py",
+            "tests/benchmarks/test_benchmark_hpc_moe.py",
+        ),
+        ("tests/tools/test_apply_patchset.py", None),
+        ("tests/other/test_x.py", None),
+    ],
+)
+def test_test_destinations(rel: str, dest: str | None) -> None:
+    assert tool.test_destination(rel) == dest
+
+
+def test_two_tests_for_one_destination_are_refused(tree: Path, src: Path) -> None:
+    (tree / "tests/kernels/conftest.py").write_text("# clash\n")
+    before = snapshot(src)
+    assert run("--tree", tree, "--vllm-src", src) == 1
+    assert snapshot(src) == before
+
+
+def test_describe_backend_replaces_only_its_comment() -> None:
+    text = (
+        "class AttentionBackendEnum:\n"
+        "    # Flex attention\n"
+        '    FLEX = "flex"\n'
+        "    # HPC Attention Backend:\n"
+        "    # requires a block size of 64.\n"
+        '    HPC_ATTN = "hpc"\n'
+        '    CPU_ATTN = "cpu"\n'
+    )
+    described = tool.describe_backend(text)
+    assert described == text.replace(
+        "    # HPC Attention Backend:\n    # requires a block size of 64.\n",
+        tool.REGISTRY_COMMENT,
+    )
+    with pytest.raises(tool.PatchSetError, match="no single HPC_ATTN"):
+        tool.describe_backend("class E:\n    FLEX = 1\n")
+
+
+# --- a real vLLM 0.33.0 source tree ---------------------------------------
+
+SDIST_HINT = (
+    "set VLLM_SDIST to vLLM 0.33.0's source distribution (vllm-0.33.0.tar.gz "
+    "from PyPI) or to its unpacked directory"
+)
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(root), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull},
+    ).stdout
+
+
+@pytest.fixture(scope="session")
+def vllm_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """vLLM 0.33.0's sources, unpacked once and committed to a git repository.
+
+    Each test leaves it as it found it (see ``pristine``).
+    """
+    given = os.environ.get("VLLM_SDIST")
+    if not given:
+        pytest.skip(f"needs vLLM's sources: {SDIST_HINT}")
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    source = Path(given)
+    work = tmp_path_factory.mktemp("sdist")
+    if source.is_dir():
+        root = work / "vllm"
+        shutil.copytree(source, root, symlinks=True)
+    elif source.is_file():
+        shutil.unpack_archive(source, work)
+        (root,) = [p for p in work.iterdir() if p.is_dir()]
+    else:
+        pytest.skip(f"VLLM_SDIST={given} does not exist; {SDIST_HINT}")
+    if not (root / "cmake" / "utils.cmake").is_file():
+        pytest.skip(f"{source} has no cmake/utils.cmake; {SDIST_HINT}")
+    if tool.read_version(root / "vllm") != tool.BASE_VERSION:
+        pytest.skip(f"{source} is not vLLM {tool.BASE_VERSION}")
+    _git(root, "init", "-q")
+    (root / ".git" / "info" / "exclude").write_text(f"/{tool.STATE_DIR}/\n")
+    _git(root, "add", "-A")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "0.33")
+    return root
+
+
+@pytest.fixture
+def pristine(vllm_checkout: Path):
+    yield vllm_checkout
+    _git(vllm_checkout, "reset", "-q", "--hard")
+    _git(vllm_checkout, "clean", "-fdxq")
+
+
+def _src_cli(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, str(TOOL_PATH), "--vllm-src", str(root), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_diff_applies_to_vllm_sources(pristine: Path, tmp_path: Path) -> None:
+    root = pristine
+    result = _src_cli(root, "--diff")
+    assert result.returncode == 0, result.stderr
+    patch = tmp_path / "hpc.patch"
+    patch.write_text(result.stdout)
+
+    # nothing of vLLM's own is overwritten but the files the patch set replaces
+    layout = tool.source_layout(root, REPO_ROOT)
+    for rel in layout.files:
+        if not rel.startswith("vllm/"):
+            assert not (root / rel).exists(), f"{rel} exists in vLLM"
+
+    _git(root, "apply", "--check", str(patch))
+    _git(root, "apply", str(patch))
+    _git(root, "add", "-A")
+    applied = _git(root, "write-tree").strip()
+    _git(root, "reset", "-q", "--hard")
+    _git(root, "clean", "-fdxq")
+
+    # --vllm-src writes the same tree as the patch, and reverts to vLLM's
+    assert _src_cli(root).returncode == 0
+    result = _src_cli(root, "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _src_cli(root, "--diff").stdout == patch.read_text()
+    _git(root, "add", "-A")
+    assert _git(root, "write-tree").strip() == applied
+    _git(root, "reset", "-q")
+    assert _src_cli(root, "--revert").returncode == 0
+    assert _git(root, "status", "--porcelain") == ""
+
+
+def test_vllm_files_are_wired_without_markers(pristine: Path) -> None:
+    root = pristine
+    result = _src_cli(root, "--diff")
+    assert result.returncode == 0, result.stderr
+    assert "# >>>" not in result.stdout and "# <<<" not in result.stdout
+    assert _src_cli(root).returncode == 0
+    for rel in tool.source_layout(root, REPO_ROOT).edits:
+        text = (root / rel).read_text()
+        assert "# >>>" not in text and "# <<<" not in text, rel
+        assert "patch set" not in text.lower(), rel
+
+    cmake = (root / "CMakeLists.txt").read_text()
+    block = cmake.index(tool.CMAKE_BLOCK)
+    assert cmake.index("FetchContent_MakeAvailable(cutlass)") < block
+    assert block < cmake.index("include(cmake/external_projects/vllm_flash_attn")
+    setup_py = (root / "setup.py").read_text()
+    compile(setup_py, "setup.py", "exec")
+    assert setup_py.index("vllm._moe_C_stable_libtorch") < setup_py.index(
+        tool.SETUP_SIGN
+    )
+    registry = (root / "vllm" / REGISTRY).read_text()
+    assert tool.REGISTRY_COMMENT + "    HPC_ATTN = " in registry
+    fragment = (root / tool.CMAKE_FRAGMENT).read_text()
+    for rel in tool.kernel_sources(tool.source_files(REPO_ROOT)):
+        assert f'"{rel}"' in fragment
+        assert (root / rel).is_file()
+
+
+GATE_PROJECT = """\
+cmake_minimum_required(VERSION 3.26)
+project(hpc_gate LANGUAGES CXX)
+include(${VLLM_ROOT}/cmake/utils.cmake)
+set(VLLM_GPU_LANG CUDA)
+set(VLLM_GPU_FLAGS -DENABLE_FP8)
+# define_extension_target as vLLM's, minus Python and torch
+function(define_extension_target MOD_NAME)
+  cmake_parse_arguments(PARSE_ARGV 1 ARG "WITH_SOABI" "DESTINATION;LANGUAGE;USE_SABI"
+    "SOURCES;ARCHITECTURES;COMPILE_FLAGS;INCLUDE_DIRECTORIES;LIBRARIES")
+  add_library(${MOD_NAME} MODULE ${CMAKE_SOURCE_DIR}/stub.cpp)
+  list(LENGTH ARG_SOURCES count)
+  message(STATUS "gate: ${MOD_NAME} from ${count} sources, USE_SABI ${ARG_USE_SABI}")
+endfunction()
+include(${VLLM_ROOT}/cmake/hpc_extension.cmake)
+get_target_property(kind _hpc_C TYPE)
+message(STATUS "gate: _hpc_C is ${kind}")
+"""
+
+
+def _cmake() -> str:
+    for candidate in (Path(sys.executable).parent / "cmake", shutil.which("cmake")):
+        if candidate and Path(candidate).is_file():
+            out = subprocess.run(
+                [str(candidate), "--version"], capture_output=True, text=True
+            ).stdout.split()
+            if len(out) > 2 and tuple(map(int, out[2].split(".")[:2])) >= (3, 26):
+                return str(candidate)
+    pytest.skip("needs cmake 3.26 or later")
+
+
+@pytest.mark.parametrize(
+    "archs, nvcc, built",
+    [
+        ("9.0", "13.0", True),
+        ("8.0;8.9;9.0;10.0;12.0", "13.0", True),
+        ("9.0a", "13.0", True),
+        ("8.0;8.6;8.9", "13.0", False),
+        ("10.0;12.0", "13.0", False),
+        ("9.0", "12.8", False),
+    ],
+)
+def test_hpc_target_only_with_sm90a(
+    pristine: Path, tmp_path: Path, archs: str, nvcc: str, built: bool
+) -> None:
+    """The vLLM-side target, configured with vLLM's own arch helpers."""
+    cmake = _cmake()
+    if shutil.which("c++") is None:
+        pytest.skip("needs a C++ compiler for the stand-in target")
+    project = tmp_path / "gate"
+    (project / "cmake").mkdir(parents=True)
+    shutil.copy2(pristine / "cmake" / "utils.cmake", project / "cmake")
+    fragment = tool.source_layout(pristine, REPO_ROOT).edits[tool.CMAKE_FRAGMENT]
+    (project / tool.CMAKE_FRAGMENT).write_text(fragment.make(None))
+    (project / "CMakeLists.txt").write_text(GATE_PROJECT)
+    (project / "stub.cpp").write_text("int hpc_gate_stub;\n")
+    result = subprocess.run(
+        [
+            cmake,
+            "-S",
+            str(project),
+            "-B",
+            str(project / "build"),
+            f"-DVLLM_ROOT={project}",
+            f"-DCUDA_ARCHS={archs}",
+            f"-DCMAKE_CUDA_COMPILER_VERSION={nvcc}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    gate = [line for line in result.stdout.splitlines() if "gate:" in line]
+    count = len(tool.kernel_sources(tool.source_files(REPO_ROOT)))
+    if built:
+        assert gate == [
+            f"-- gate: _hpc_C from {count} sources, USE_SABI 3",
+            "-- gate: _hpc_C is MODULE_LIBRARY",
+        ]
+        assert "Building _hpc_C for archs: 9.0a" in result.stdout
+    else:
+        assert gate == ["-- gate: _hpc_C is UTILITY"]
+        assert "Not building _hpc_C" in result.stdout
