@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -752,6 +753,21 @@ def test_vllm_files_are_wired_without_markers(pristine: Path) -> None:
     for rel in tool.kernel_sources(tool.source_files(REPO_ROOT)):
         assert f'"{rel}"' in fragment
         assert (root / rel).is_file()
+
+
+def test_kernel_headers_win_over_vllms(vllm_checkout: Path) -> None:
+    """A header name both csrc/ and csrc/hpc/ have resolves to csrc/hpc's."""
+    included = set()
+    for path in tool.tree_files(REPO_ROOT / "csrc" / "hpc").values():
+        included |= set(re.findall(r'#include "([^"]+)"', path.read_text()))
+    shared = sorted(rel for rel in included if (vllm_checkout / "csrc" / rel).exists())
+    fragment = tool.source_layout(vllm_checkout, REPO_ROOT).edits[tool.CMAKE_FRAGMENT]
+    text = " ".join(fragment.make(None).split())
+    if shared:
+        assert (
+            "target_include_directories(_hpc_C BEFORE PRIVATE "
+            "${CMAKE_CURRENT_SOURCE_DIR}/csrc/hpc)" in text
+        ), shared
 
 
 GATE_PROJECT = """\
