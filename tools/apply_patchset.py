@@ -189,7 +189,7 @@ def installed_layout(target: Path, tree: Path) -> Layout:
     return Layout(root=target, package=target, label="vllm/", files=files)
 
 
-def test_destination(rel: str) -> str | None:
+def vllm_test_path(rel: str) -> str | None:
     """Where the tree's test file ``rel`` goes in vLLM, or None: nowhere."""
     for base, pattern, dest in TEST_DESTINATIONS:
         prefix = f"{base}/"
@@ -213,7 +213,7 @@ def source_files(tree: Path) -> dict[str, Path]:
         raise PatchSetError(f"{tree} lacks csrc/hpc/ or {CMAKE_TEMPLATE}")
     files.update({f"csrc/hpc/{rel}": path for rel, path in kernels.items()})
     for rel, path in tree_files(tree / "tests").items():
-        dest = test_destination(f"tests/{rel}")
+        dest = vllm_test_path(f"tests/{rel}")
         if dest is None:
             continue
         if dest in files:

@@ -558,7 +558,7 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
     # every test goes somewhere in vLLM's tests/, bar this tool's own
     mapped = {}
     for rel in tool.tree_files(REPO_ROOT / "tests"):
-        dest = tool.test_destination(f"tests/{rel}")
+        dest = tool.vllm_test_path(f"tests/{rel}")
         if rel.startswith("tools/") and not rel.startswith("tools/test_benchmark_"):
             assert dest is None, rel
             continue
@@ -603,8 +603,8 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
         ("tests/other/test_x.py", None),
     ],
 )
-def test_test_destinations(rel: str, dest: str | None) -> None:
-    assert tool.test_destination(rel) == dest
+def test_vllm_test_paths(rel: str, dest: str | None) -> None:
+    assert tool.vllm_test_path(rel) == dest
 
 
 def test_two_tests_for_one_destination_are_refused(tree: Path, src: Path) -> None:
