@@ -253,32 +253,46 @@ __device__ void widen_tiles(
   while (scheduler.next(w)) {
     if (w.empty()) continue;
     // Q: rows (token, head) of the tile; 8 channels per 16-byte unit of
-    // 16-bit queries, 16 per unit of FP8 ones.
+    // 16-bit queries, 16 per unit of FP8 ones; kBatch global loads in
+    // flight per thread.
     EmptyBarrier::wait(&bar.q_empty, q_phase ^ 1);
     {
       const int units = kHeadDim * q_elem_bytes / 16;
-      for (int e = tid; e < Config::kBlockM * units; e += kThreads) {
-        const int row = e / units;
-        const int u = e % units;
-        const int t = row / p.group;
-        const int head = w.kv_head * p.group + row % p.group;
-        const int64_t token = w.q_begin + w.token0 + t;
-        const bool live = row < rows && t < w.tokens;
-        uint4 in = make_uint4(0, 0, 0, 0);
-        if (live) {
-          in = *reinterpret_cast<const uint4*>(
-              static_cast<const uint8_t*>(q) +
-              (token * q_token_stride + head * q_head_stride) * q_elem_bytes +
-              u * 16);
+      const int q_units = Config::kBlockM * units;
+#pragma unroll 1
+      for (int e0 = tid; e0 < q_units; e0 += kBatch * kThreads) {
+        uint4 in[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int e = e0 + j * kThreads;
+          const int row = e / units;
+          const int t = row / p.group;
+          const int head = w.kv_head * p.group + row % p.group;
+          const int64_t token = w.q_begin + w.token0 + t;
+          in[j] = make_uint4(0, 0, 0, 0);
+          if (e < q_units && row < rows && t < w.tokens) {
+            in[j] = *reinterpret_cast<const uint4*>(
+                static_cast<const uint8_t*>(q) +
+                (token * q_token_stride + head * q_head_stride) * q_elem_bytes +
+                (e % units) * 16);
+          }
         }
-        if (p.q_type == ElemType::kFp8E4m3) {
-          uint4 h[2];
-          widen16(in, h);
-          store_unit(sQ, row, u * 16, h[0]);
-          store_unit(sQ, row, u * 16 + 8, h[1]);
-        } else {
-          store_unit(sQ, row, u * 8,
-                     p.q_type == ElemType::kBf16 ? bf16x8_to_f16x8(in) : in);
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int e = e0 + j * kThreads;
+          if (e >= q_units) break;
+          const int row = e / units;
+          const int u = e % units;
+          if (p.q_type == ElemType::kFp8E4m3) {
+            uint4 h[2];
+            widen16(in[j], h);
+            store_unit(sQ, row, u * 16, h[0]);
+            store_unit(sQ, row, u * 16 + 8, h[1]);
+          } else {
+            store_unit(
+                sQ, row, u * 8,
+                p.q_type == ElemType::kBf16 ? bf16x8_to_f16x8(in[j]) : in[j]);
+          }
         }
       }
     }
