@@ -1,6 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Tests for tools/apply_patchset.py, on small copies of the installed vLLM."""
+"""Tests for tools/apply_patchset.py, on small copies of the installed vLLM.
+
+The tests of the whole PR (``--vllm-src``, its ``--diff`` under ``git apply``,
+the ``_hpc_C`` target under vLLM's CMake helpers) need vLLM 0.33.0's sources:
+``VLLM_SDIST`` names its source distribution or the unpacked directory; they
+skip without it.
+"""
 
 from __future__ import annotations
 
