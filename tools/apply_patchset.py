@@ -149,12 +149,15 @@ class Layout:
 
 
 def tree_files(base: Path) -> dict[str, Path]:
-    """Files under ``base`` by relative POSIX path, without bytecode."""
+    """Files under ``base`` by relative POSIX path, without bytecode and
+    hidden files (an editor's swap files, a test cache)."""
     found: dict[str, Path] = {}
     for dirpath, dirnames, filenames in os.walk(base):
-        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        dirnames[:] = [
+            d for d in dirnames if d != "__pycache__" and not d.startswith(".")
+        ]
         for name in filenames:
-            if not name.endswith(".pyc"):
+            if not name.endswith(".pyc") and not name.startswith("."):
                 path = Path(dirpath, name)
                 found[path.relative_to(base).as_posix()] = path
     return dict(sorted(found.items()))

@@ -223,11 +223,15 @@ def test_finds_installed_vllm_without_the_tree(installed: Path) -> None:
     assert tool.read_version(installed) == tool.BASE_VERSION
 
 
-def test_walk_skips_bytecode(tree: Path) -> None:
+def test_walk_skips_bytecode_and_hidden_files(tree: Path) -> None:
+    (tree / "vllm/hpc_extra/.kernels.py.swp").write_bytes(b"\0")
+    (tree / "vllm/.pytest_cache").mkdir()
+    (tree / "vllm/.pytest_cache/README.md").write_text("cache\n")
     files = tool.tree_files(tree / "vllm")
     assert "_hpc_C.abi3.so" in files
     assert "hpc_extra/kernels.py" in files
     assert not any("__pycache__" in rel for rel in files)
+    assert not any("/." in f"/{rel}" for rel in files)
 
 
 def test_link_apply_check_revert(tree: Path, target: Path, capsys) -> None:
