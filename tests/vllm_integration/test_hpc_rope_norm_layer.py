@@ -844,7 +844,9 @@ def test_custom_op_zeroes_output_without_work(hpc_config, monkeypatch, case):
 @pytest.mark.skipif(
     not _op_runs_on_cpu(), reason="the op is registered for another device"
 )
-def test_profile_run_allocates_q_scale_buffer(hpc_config):
+def test_profile_run_allocates_no_q_scale_buffer(hpc_config):
+    # The attention builder owns the FP8 Q-scale buffer; the profiling run
+    # (no metadata) leaves the layer's fallback buffer unallocated.
     name = "test.op.profile.attn"
     layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name=name)
     ctx = ForwardContext(
@@ -852,8 +854,40 @@ def test_profile_run_allocates_q_scale_buffer(hpc_config):
         attn_metadata={name: None},
         slot_mapping={},
     )
-    assert layer._q_scale is None
     with override_forward_context(ctx):
-        layer.forward_native(_qkv(layer, 3), name)
-    rows = hpc_config.scheduler_config.max_num_batched_tokens
-    assert layer._q_scale is not None and layer._q_scale.shape == (rows, 8)
+        q = layer.forward_native(_qkv(layer, 3), name)
+    assert layer._q_scale is None
+    assert not q.float().any()
+
+
+def test_forward_impl_uses_metadata_q_scale_buffer(hpc_config, monkeypatch):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name="test.buffer.attn")
+    kv_cache = _kv_cache(layer, fp8=True)
+    buf = torch.zeros(16, layer.num_heads, dtype=torch.float32)
+    md = _metadata(hpc_q_scale_buffer=buf)
+    output = torch.empty(5, layer.num_heads, layer.head_dim, dtype=FP8)
+    layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
+    assert kernel.calls[0][1]["q_scale"].data_ptr() == buf.data_ptr()
+    assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
+    assert md.hpc_prefill_q_scale.data_ptr() == buf[2].data_ptr()
+    assert layer._q_scale is None
+    # A buffer of the wrong shape is not used.
+    md = _metadata(hpc_q_scale_buffer=torch.zeros(16, 3))
+    layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
+    assert layer._q_scale is not None
+    assert kernel.calls[1][1]["q_scale"].data_ptr() == layer._q_scale.data_ptr()
+
+
+def test_forward_impl_derives_positions_once_per_step(hpc_config, monkeypatch):
+    kernel = _KernelRecorder()
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    layer = _layer(kv_cache_dtype="auto", layer_name="test.positions.attn")
+    kv_cache = _kv_cache(layer, fp8=False)
+    md = _metadata(hpc_positions=None)
+    output = torch.empty(5, layer.num_heads, layer.head_dim, dtype=torch.bfloat16)
+    for _ in range(2):
+        layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
+    assert md.hpc_positions.tolist() == [4, 8, 2, 3, 4]
+    assert kernel.calls[0][0][1] is kernel.calls[1][0][1] is md.hpc_positions

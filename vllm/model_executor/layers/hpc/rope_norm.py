@@ -262,12 +262,9 @@ def hpc_rope_norm_forward(
         # Speculative decoding: entry 0 is the target model's metadata.
         attn_metadata = attn_metadata[0][layer_name]
 
+    # The FP8 Q-scale buffer belongs to the attention builder (the metadata's
+    # hpc_q_scale_buffer); nothing is allocated here on the profiling run.
     rope_norm = _hpc_rope_norm_instances[layer_name]
-    if rope_norm.use_fp8:
-        # Allocate the Q-scale buffer even on the profiling run (no metadata)
-        # so that the memory profiler accounts for it.
-        rope_norm._q_scale_buffer(0, qkv.device)
-
     if attn_metadata is None:
         output.zero_()
         return
