@@ -95,10 +95,13 @@ KERNEL_SUFFIXES = (".cu", ".cpp")
 
 # Where this tree's tests go in a vLLM checkout: (directory in this tree,
 # pattern for the path below it, directory in vLLM); the first match wins.
-# A test no rule matches (the tests of this tool) is not part of the PR.
+# A test no rule matches (the tests of this tool) is not part of the PR. The
+# kernel tests' helpers are imported by module name from their directory, so
+# the GPU tests that compare with their references go beside them.
 TEST_DESTINATIONS: tuple[tuple[str, str, str], ...] = (
     ("tests", "conftest.py", "tests/kernels/hpc"),
     ("tests/kernels", "*", "tests/kernels/hpc"),
+    ("tests/vllm_integration", "*_gpu.py", "tests/kernels/hpc"),
     ("tests/vllm_integration", "*moe*", "tests/kernels/moe"),
     ("tests/vllm_integration", "*rope_norm*", "tests/model_executor/layers"),
     ("tests/vllm_integration", "*", "tests/v1/attention"),

@@ -587,6 +587,20 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
     assert tool.SOURCES_PLACEHOLDER not in fragment
 
 
+def test_mapped_tests_find_their_helpers(tmp_path: Path) -> None:
+    """A test importing one of the tree's test helpers by module name finds
+    it beside itself in vLLM, as pytest puts the test's directory first."""
+    layout = tool.source_layout(_fake_checkout(tmp_path / "src"), REPO_ROOT)
+    helpers = {path.stem for path in (REPO_ROOT / "tests").rglob("*.py")}
+    imported = re.compile(r"^(?:from|import) (\w+)", re.M)
+    for dest, path in layout.files.items():
+        if not dest.startswith("tests/") or path.suffix != ".py":
+            continue
+        for name in set(imported.findall(path.read_text())) & helpers:
+            beside = f"{dest.rsplit('/', 1)[0]}/{name}.py"
+            assert beside in layout.files, f"{dest} imports {name}, not beside it"
+
+
 @pytest.mark.parametrize(
     "rel, dest",
     [
@@ -604,6 +618,10 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
         (
             "tests/vllm_integration/test_hpc_attn_backend.py",
             "tests/v1/attention/test_hpc_attn_backend.py",
+        ),
+        (
+            "tests/vllm_integration/test_hpc_attn_backend_gpu.py",
+            "tests/kernels/hpc/test_hpc_attn_backend_gpu.py",
         ),
         (
             "tests/tools/test_benchmark_hpc_moe.py",
