@@ -1229,3 +1229,31 @@ def test_prologue_is_an_eager_break_under_breakable_cudagraphs(monkeypatch):
     # now, it would fail: there is no forward context).
     rope_norm.hpc_rope_norm_forward(qkv, out, "no.such.layer")
     assert len(recorded) == 1
+
+
+def test_attention_group_maps_manager_blocks_to_kernel_blocks(
+    fake_workspaces, llama_model
+):
+    from vllm.v1.worker.utils import AttentionGroup
+
+    config = _vllm_config(llama_model, block_size=128)
+    spec = _spec(block_size=128)
+    group = AttentionGroup(Backend, [], spec, 0)
+    with set_current_vllm_config(config):
+        group.create_metadata_builders(config, torch.device("cpu"), 64)
+    builder = group.get_metadata_builder()
+    assert isinstance(builder, Builder)
+    assert builder.kv_cache_spec.block_size == 64
+    assert group.kernel_block_size == 64
+
+    inputs = _Inputs()
+    common = inputs.common([1, 70], [300, 200])
+    common.block_table_tensor[:, :3] = torch.tensor([[5, 9, 2], [7, 1, 3]])
+    md = group.build_metadata(common)
+    # Manager block b holds kernel blocks 2b and 2b + 1.
+    assert md.block_table_tensor[:, :6].tolist() == [
+        [10, 11, 18, 19, 4, 5],
+        [14, 15, 2, 3, 6, 7],
+    ]
+    assert md.decode_block_table.data_ptr() == md.block_table_tensor.data_ptr()
+    assert md.prefill_block_table[0, :2].tolist() == [14, 15]
