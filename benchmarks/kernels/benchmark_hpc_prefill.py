@@ -1108,19 +1108,31 @@ def print_case_list(cases: list[Case], plans: list[tuple], max_bytes: int) -> No
 def merge_records(
     path: Path, records: list[dict[str, Any]], block_size: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``records`` plus those of ``path`` for (workload, case) pairs this run
-    did not measure, in case order; and what was merged, for the JSON."""
+    """``records`` plus those of ``path`` that this run did not re-measure
+    (by workload, case and impl), in case order; and what was merged, for
+    the JSON. An hpc record measured by both runs keeps this run's time and
+    gains the earlier run's ratios to baselines this run did not time: each
+    ratio stays one measured in a single process (baseline and hpc side by
+    side), only the processes differ between baselines."""
     old = json.loads(path.read_text())
     if old.get("block_size", BLOCK_SIZE) != block_size:
         raise SystemExit(
             f"--merge: {path} was measured with block size {old.get('block_size')}"
         )
-    ran = {(r["workload"], r["case"]) for r in records}
-    kept = [
-        r
-        for r in old.get("records", [])
-        if (r.get("workload"), r.get("case")) not in ran
-    ]
+
+    def key(r: dict[str, Any]) -> tuple[Any, Any, Any]:
+        return (r.get("workload"), r.get("case"), r.get("impl"))
+
+    new = {key(r): r for r in records}
+    kept = []
+    for r in old.get("records", []):
+        mine = new.get(key(r))
+        if mine is None:
+            kept.append(r)
+        elif r.get("impl") == "hpc":
+            ratios = mine.setdefault("ratios", {})
+            for name, value in r.get("ratios", {}).items():
+                ratios.setdefault(name, value)
     order = {
         (wl, name): i
         for i, (wl, name) in enumerate(
