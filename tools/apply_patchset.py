@@ -495,6 +495,10 @@ def load_manifest(root: Path) -> Manifest | None:
 def save_manifest(root: Path, manifest: Manifest) -> None:
     path = root / STATE_DIR / MANIFEST
     path.parent.mkdir(parents=True, exist_ok=True)
+    # Git leaves the backups out of a checkout's commit (`git add -A`).
+    ignore = path.parent / ".gitignore"
+    if not ignore.is_file():
+        ignore.write_text("*\n")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     tmp.replace(path)

@@ -705,7 +705,6 @@ def vllm_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if tool.read_version(root / "vllm") != tool.BASE_VERSION:
         pytest.skip(f"{source} is not vLLM {tool.BASE_VERSION}")
     _git(root, "init", "-q")
-    (root / ".git" / "info" / "exclude").write_text(f"/{tool.STATE_DIR}/\n")
     _git(root, "add", "-A")
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "0.33")
     return root
@@ -745,6 +744,7 @@ def test_diff_applies_to_vllm_sources(pristine: Path, tmp_path: Path) -> None:
 
     # --vllm-src writes the same tree as the patch, and reverts to vLLM's
     assert _src_cli(root).returncode == 0
+    assert tool.STATE_DIR not in _git(root, "status", "--porcelain", "--ignored=no")
     result = _src_cli(root, "--check")
     assert result.returncode == 0, result.stdout + result.stderr
     assert _src_cli(root, "--diff").stdout == patch.read_text()
