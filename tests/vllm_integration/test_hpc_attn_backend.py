@@ -1257,3 +1257,15 @@ def test_attention_group_maps_manager_blocks_to_kernel_blocks(
     ]
     assert md.decode_block_table.data_ptr() == md.block_table_tensor.data_ptr()
     assert md.prefill_block_table[0, :2].tolist() == [14, 15]
+
+
+def test_builder_takes_window_from_the_group_layers(fake_workspaces, llama_model):
+    config = _vllm_config(llama_model)
+    a = _attention(config, 32, 8, 128, per_layer_sliding_window=256)
+    b = _attention(config, 32, 8, 128, per_layer_sliding_window=512)
+    with set_current_vllm_config(config):
+        builder = Builder(_spec(), [a.layer_name], config, torch.device("cpu"))
+        assert builder.window == 256
+        assert builder.decode_workspace.kwargs["window"] == 256
+        with pytest.raises(ValueError, match="different sliding windows"):
+            Builder(_spec(), [a.layer_name, b.layer_name], config, torch.device("cpu"))

@@ -53,9 +53,14 @@ from vllm._hpc_ops import (
     decode_attention_unchecked,
     prefill_attention_unchecked,
 )
-from vllm.config import VllmConfig, get_current_vllm_config_or_none
+from vllm.config import (
+    VllmConfig,
+    get_current_vllm_config_or_none,
+    get_layers_from_vllm_config,
+)
 from vllm.config.cache import CacheDType
 from vllm.logger import init_logger
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms.interface import DeviceCapability
 from vllm.utils.hpc import has_hpc
 from vllm.v1.attention.backend import (
@@ -201,7 +206,11 @@ class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
         ) or model_config.get_num_attention_heads(parallel_config)
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
-        self.window = getattr(kv_cache_spec, "sliding_window", None) or 0
+        self.window = self._layer_window(
+            vllm_config,
+            layer_names,
+            getattr(kv_cache_spec, "sliding_window", None) or 0,
+        )
         self.use_fp8 = kv_cache_spec.kv_quant_mode == KVQuantMode.FP8_PER_TENSOR
         max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_tokens = scheduler_config.max_num_batched_tokens
@@ -239,6 +248,34 @@ class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
                 dtype=torch.float32,
                 device=device,
             )
+
+    @staticmethod
+    def _layer_window(
+        vllm_config: VllmConfig, layer_names: list[str], spec_window: int
+    ) -> int:
+        """The sliding window shared by the group's layers.
+
+        The decode planner applies one window to every layer of the group,
+        so the layers' impls must agree on it; without layers to ask (tests,
+        drafting), the KV-cache spec's window is taken.
+        """
+        layers = get_layers_from_vllm_config(
+            vllm_config,
+            AttentionLayerBase,  # type: ignore[type-abstract]
+            layer_names,
+        )
+        windows = {
+            impl.window
+            for layer in layers.values()
+            if isinstance(impl := getattr(layer, "impl", None), HpcAttentionImpl)
+        }
+        if len(windows) > 1:
+            raise ValueError(
+                f"HPC_ATTN: the layers {layer_names} of one KV-cache group have "
+                f"different sliding windows {sorted(windows)}; the decode plan "
+                "takes one"
+            )
+        return windows.pop() if windows else spec_window
 
     @classmethod
     def get_cudagraph_support(
