@@ -30,11 +30,8 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define HPC_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define HPC_HOST_DEVICE inline
-#endif
+#include "attention/common/mask.h"
+#include "common/host_device.h"
 
 namespace hpc {
 namespace decode {
@@ -94,9 +91,9 @@ HPC_HOST_DEVICE int num_tiles(int kv_len) {
 // of w tokens the query at position p sees (p - w, p].
 HPC_HOST_DEVICE int first_visible_tile(int kv_len, int query_tokens,
                                        int window) {
-  if (window <= 0) return 0;
-  const int first = kv_len - query_tokens - window + 1;
-  return first <= 0 ? 0 : first / kTileTokens;
+  return attention::key_begin(
+             attention::query_position(kv_len, query_tokens, 0), window) /
+         kTileTokens;
 }
 
 // Tiles of a unit that are read: from the first visible tile to the end.
