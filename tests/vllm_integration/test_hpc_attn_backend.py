@@ -52,6 +52,10 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
     set_current_vllm_config,
 )
+from vllm.forward_context import (  # noqa: E402
+    ForwardContext,
+    override_forward_context,
+)
 from vllm.model_executor.layers.attention import Attention  # noqa: E402
 from vllm.model_executor.layers.hpc import rope_norm  # noqa: E402
 from vllm.platforms.cuda import NonNvmlCudaPlatform  # noqa: E402
@@ -1005,15 +1009,10 @@ def test_forward_bf16_mixed_batch(kernels, llama_model):
     q, k, v, out = _qkv_out(12)
     assert impl.forward(layer, q, k, v, kv_cache, md, out) is out
 
-    assert [n for n, _, _ in kernels] == ["write", "decode", "prefill"]
-    ((wargs, _),) = _calls(kernels, "write")
-    key_in, value_in, key_cache, value_cache, slots, kv_dtype, ks, vs = wargs
-    assert key_in is k and value_in is v
-    assert key_cache.shape == (8, 64, 8, 128) and key_cache.dtype == torch.bfloat16
-    assert key_cache.data_ptr() == kv_cache.data_ptr()
-    assert value_cache.data_ptr() == kv_cache.data_ptr() + 128 * 2
-    assert slots is md.slot_mapping and kv_dtype == "auto"
-    assert ks is layer._k_scale and vs is layer._v_scale
+    # K/V were written before the call (do_kv_cache_update); forward only
+    # launches.
+    assert [n for n, _, _ in kernels] == ["decode", "prefill"]
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(128, dim=-1)
 
     ((dargs, dkw),) = _calls(kernels, "decode")
     dq, dk, dv, dbt, dlens, dout, dws = dargs
@@ -1081,11 +1080,13 @@ def test_forward_fp8_cache_with_bf16_queries(kernels, llama_model, kv_cache_dtyp
     layer = _layer_stub()
     kv_cache = _kv_cache(True)
     q, k, v, out = _qkv_out(5)
+    impl.do_kv_cache_update(layer, k, v, kv_cache, md.slot_mapping)
     impl.forward(layer, q, k, v, kv_cache, md, out)
 
     ((wargs, _),) = _calls(kernels, "write")
     # vLLM's cache op quantises into the uint8 views.
     assert wargs[2].dtype == torch.uint8 and wargs[5] == kv_cache_dtype
+    assert wargs[6] is layer._k_scale and wargs[7] is layer._v_scale
     for name in ("decode", "prefill"):
         ((args, kw),) = _calls(kernels, name)
         assert args[1].dtype == FP8 and args[2].dtype == FP8
@@ -1101,19 +1102,63 @@ def test_forward_fp8_cache_with_bf16_queries(kernels, llama_model, kv_cache_dtyp
         assert out_arg.dtype == torch.bfloat16
 
 
-def test_forward_skips_write_for_shared_kv_and_missing_key(kernels, llama_model):
+def test_forward_never_writes_kv(kernels, llama_model):
     builder = _builder(llama_model)
     common = _Inputs().common([1], [4])
-    shared = Impl(32, 128, 0.1, 8, kv_sharing_target_layer_name="model.layers.0")
+    impl = Impl(32, 128, 0.1, 8)
     q, k, v, out = _qkv_out(1)
-    shared.forward(
+    impl.forward(
         _layer_stub(), q, k, v, _kv_cache(False), builder.build(0, common), out
     )
-    plain = Impl(32, 128, 0.1, 8)
-    plain.forward(
+    impl.forward(
         _layer_stub(), q, None, None, _kv_cache(False), builder.build(0, common), out
     )
     assert [n for n, _, _ in kernels] == ["decode", "decode"]
+    assert Backend.forward_includes_kv_cache_update is False
+
+
+def test_do_kv_cache_update_writes_through_vllm_cache_op(kernels):
+    impl = Impl(32, 128, 0.1, 8)
+    layer = _layer_stub()
+    kv_cache = _kv_cache(False)
+    _, k, v, _ = _qkv_out(6)
+    slots = torch.tensor([5, 6, 70, -1, -1, -1])
+    # No forward context: nothing was handed off, so the layer writes.
+    impl.do_kv_cache_update(layer, k, v, kv_cache, slots)
+    ((wargs, _),) = _calls(kernels, "write")
+    key_in, value_in, key_cache, value_cache, slot_arg, kv_dtype, ks, vs = wargs
+    assert key_in is k and value_in is v and slot_arg is slots
+    assert key_cache.shape == (8, 64, 8, 128) and key_cache.dtype == torch.bfloat16
+    assert key_cache.data_ptr() == kv_cache.data_ptr()
+    assert value_cache.data_ptr() == kv_cache.data_ptr() + 128 * 2
+    assert key_cache.stride() == (64 * 8 * 256, 8 * 256, 256, 1)
+    assert kv_dtype == "auto"
+    assert ks is layer._k_scale and vs is layer._v_scale
+
+
+@pytest.mark.parametrize("wrap", ["dict", "list"])
+def test_do_kv_cache_update_skips_handed_off_layer(kernels, llama_model, wrap):
+    builder = _builder(llama_model)
+    md = builder.build(0, _Inputs().common([1, 3], [5, 3]))
+    other = builder.build(0, _Inputs().common([1, 3], [5, 3]))
+    layer = _layer_stub("handoff.skip.attn")
+    per_layer = {layer.layer_name: md}
+    ctx = ForwardContext(
+        no_compile_layers={},
+        attn_metadata=per_layer
+        if wrap == "dict"
+        else [per_layer, {layer.layer_name: other}],
+        slot_mapping={},
+    )
+    impl = Impl(32, 128, 0.1, 8)
+    _, k, v, _ = _qkv_out(4)
+    with override_forward_context(ctx):
+        md.hpc_kv_written = True
+        impl.do_kv_cache_update(layer, k, v, _kv_cache(False), md.slot_mapping)
+        assert kernels == []
+        md.hpc_kv_written = False
+        impl.do_kv_cache_update(layer, k, v, _kv_cache(False), md.slot_mapping)
+    assert [n for n, _, _ in kernels] == ["write"]
 
 
 def test_forward_fp8_query_without_scales_raises(kernels, llama_model):
@@ -1169,6 +1214,11 @@ def test_prologue_hand_off_two_layers_two_steps(kernels, llama_model, kv_cache_d
                 assert pkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
                 assert md.hpc_decode_q_scale.shape == (md.num_decode_tokens, 32)
             _, k, v, out = _qkv_out(num_tokens)
+            ctx = ForwardContext(
+                no_compile_layers={}, attn_metadata={names[i]: md}, slot_mapping={}
+            )
+            with override_forward_context(ctx):
+                impls[i].do_kv_cache_update(layers[i], k, v, caches[i], md.slot_mapping)
             impls[i].forward(layers[i], q, k, v, caches[i], md, out)
             names_called = [n for n, _, _ in kernels]
             # The prologue wrote K/V: no second write of the raw K/V.
@@ -1198,12 +1248,23 @@ def test_unfused_layer_after_fused_one_writes_its_own_kv(kernels, llama_model):
         prologue = _prologue("mixed.fused.attn", "auto")
     md = builder.build(0, _Inputs().common([1, 3], [5, 3]))
     fused, unfused = Impl(32, 128, 0.1, 8), Impl(32, 128, 0.1, 8)
+    fused_layer, unfused_layer = _layer_stub("mixed.fused.attn"), _layer_stub("l1")
     qkv = torch.randn(4, 48 * 128).to(torch.bfloat16)
     q, k, v, out = _qkv_out(4)
-    prologue._forward_impl(qkv, _kv_cache(False), md, _layer_stub(), q)
-    fused.forward(_layer_stub(), q, k, v, _kv_cache(False), md, out)
-    kernels.clear()
-    unfused.forward(_layer_stub("l1"), q, k, v, _kv_cache(False), md, out)
+    ctx = ForwardContext(
+        no_compile_layers={},
+        attn_metadata={"mixed.fused.attn": md, "l1": md},
+        slot_mapping={},
+    )
+    with override_forward_context(ctx):
+        prologue._forward_impl(qkv, _kv_cache(False), md, fused_layer, q)
+        fused.do_kv_cache_update(fused_layer, k, v, _kv_cache(False), md.slot_mapping)
+        fused.forward(fused_layer, q, k, v, _kv_cache(False), md, out)
+        kernels.clear()
+        unfused.do_kv_cache_update(
+            unfused_layer, k, v, _kv_cache(False), md.slot_mapping
+        )
+        unfused.forward(unfused_layer, q, k, v, _kv_cache(False), md, out)
     assert [n for n, _, _ in kernels] == ["write", "decode", "prefill"]
 
 
@@ -1269,3 +1330,97 @@ def test_builder_takes_window_from_the_group_layers(fake_workspaces, llama_model
         assert builder.decode_workspace.kwargs["window"] == 256
         with pytest.raises(ValueError, match="different sliding windows"):
             Builder(_spec(), [a.layer_name, b.layer_name], config, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------
+# Fusion-pass hooks
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fused_kernel(monkeypatch):
+    log: list[tuple[str, tuple, dict]] = []
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", _Recorder("fused", log))
+    return log
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_qk_norm_rope_kvcache_hook(fused_kernel, kv_cache_dtype):
+    fp8 = kv_cache_dtype == "fp8"
+    impl = Impl(32, 128, 0.1, 8, None, None, kv_cache_dtype)
+    assert impl.fused_qk_norm_rope_kvcache_supported() is True
+    layer = _layer_stub()
+    kv_cache = _kv_cache(fp8)
+    qkv = torch.randn(5, 48 * 128).to(torch.bfloat16)
+    q_out = torch.empty(5, 32, 128, dtype=torch.bfloat16)
+    k_out = torch.full((5, 8, 128), 3.0, dtype=torch.bfloat16)
+    positions = torch.arange(5)
+    q_weight = torch.ones(128, dtype=torch.bfloat16)
+    k_weight = torch.ones(128, dtype=torch.bfloat16)
+    cos_sin = torch.randn(64, 128)
+    slots = torch.tensor([3, 4, 5, -1, 9])
+    impl.do_qk_norm_rope_kvcache_update(
+        layer,
+        qkv,
+        q_out,
+        k_out,
+        positions,
+        q_weight,
+        k_weight,
+        1e-5,
+        cos_sin,
+        False,
+        kv_cache,
+        slots,
+    )
+    ((args, kw),) = _calls(fused_kernel, "fused")
+    qkv_in, pos_in, slot_in, cos_in, key_cache, value_cache, q_arg = args
+    assert qkv_in is qkv and pos_in is positions and slot_in is slots
+    assert cos_in is cos_sin
+    assert key_cache.shape == (8, 64, 8, 128)
+    assert key_cache.dtype == (FP8 if fp8 else torch.bfloat16)
+    assert key_cache.data_ptr() == kv_cache.data_ptr()
+    assert value_cache.data_ptr() == kv_cache.data_ptr() + 128 * kv_cache.element_size()
+    assert q_arg.data_ptr() == q_out.data_ptr() and q_arg.shape == (5, 32, 128)
+    assert kw["q_norm_weight"] is q_weight and kw["k_norm_weight"] is k_weight
+    assert kw["eps"] == 1e-5 and kw["is_neox"] is False
+    assert kw["norm_policy"] == hpc_attn.QkNormPolicy.NORM_THEN_ROPE
+    if fp8:
+        assert kw["k_scale"].data_ptr() == layer._k_scale.data_ptr()
+        assert kw["v_scale"].data_ptr() == layer._v_scale.data_ptr()
+    else:
+        assert kw["k_scale"] is None and kw["v_scale"] is None
+    # K goes to the cache only.
+    assert torch.equal(k_out, torch.full_like(k_out, 3.0))
+
+
+def test_rope_kvcache_hook_packs_inputs_and_writes_query(monkeypatch):
+    impl = Impl(32, 128, 0.1, 8)
+    assert impl.fused_rope_kvcache_supported() is True
+    seen = {}
+
+    def fake_kernel(qkv, positions, slots, cos_sin, kc, vc, q_out, **kw):
+        seen.update(qkv=qkv.clone(), kw=kw)
+        q_out.copy_(qkv[:, : 32 * 128].view_as(q_out) * 2)
+
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", fake_kernel)
+    qkv = torch.randn(4, 48 * 128).to(torch.bfloat16)
+    # Non-contiguous views of one projection output, as the model splits it.
+    query, key, value = qkv.split([32 * 128, 8 * 128, 8 * 128], dim=-1)
+    original_q = query.clone()
+    impl.do_rope_and_kv_cache_update(
+        _layer_stub(),
+        query,
+        key,
+        value,
+        torch.arange(4),
+        torch.randn(64, 128),
+        True,
+        _kv_cache(False),
+        torch.arange(4),
+    )
+    assert torch.equal(seen["qkv"], torch.cat((original_q, key, value), dim=-1))
+    assert seen["kw"]["norm_policy"] == hpc_attn.QkNormPolicy.NONE
+    assert seen["kw"]["is_neox"] is True
+    # Q is rotated in place, into the caller's (strided) tensor.
+    assert torch.equal(query, original_q * 2)

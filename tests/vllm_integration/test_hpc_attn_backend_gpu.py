@@ -13,10 +13,10 @@ output of every real row must match ``prefill_reference.reference_prefill``
 kernel tests' bars.
 
 K/V reach the cache three ways: written by the test before the forward (as
-the prologue does, with the hand-off flag set), written by the impl through
-vLLM's ``reshape_and_cache_flash`` (skipped when vLLM's CUDA library is not
-loaded), and, for FP8, handed off with FP8 queries and per-token-per-head
-scales as ``HpcRopeNorm`` produces them.
+the prologue does, with the hand-off flag set), written by the impl's
+``do_kv_cache_update`` through vLLM's ``reshape_and_cache_flash`` (skipped
+when vLLM's CUDA library is not loaded), and, for FP8, handed off with FP8
+queries and per-token-per-head scales as ``HpcRopeNorm`` produces them.
 """
 
 from __future__ import annotations
@@ -429,6 +429,9 @@ def _run(case: Case, tmp_path: Path, *, impl_writes: bool) -> None:
     output = torch.full(
         (num_tokens, case.num_heads, case.head_size), float("nan"), dtype=BF16
     ).to(DEVICE)
+    if impl_writes:
+        # What vLLM's unified_kv_cache_update op does before the attention op.
+        impl.do_kv_cache_update(layer, key, value, batch.kv_cache, md.slot_mapping)
     impl.forward(layer, query, key, value, batch.kv_cache, md, output)
     if DEVICE == "cuda":
         torch.cuda.synchronize()

@@ -28,10 +28,24 @@ over prefill offsets rebased to 0 in a persistent buffer. Every tensor the
 kernels read lives at a fixed address, so FULL CUDA graphs of uniform decode
 batches replay correctly after ``build`` refreshed the plans.
 
-``HpcRopeNorm`` (the fused QK-norm + RoPE + KV-write prologue) hands its
-results to this backend through the ``hpc_*`` fields of ``HpcAttnMetadata``.
-The impl consumes them and resets them in the same forward, so they never
-reach another layer sharing the metadata, nor another step.
+K/V are written by ``do_kv_cache_update`` (vLLM's ``unified_kv_cache_update``
+op, run before the attention op), through vLLM's ``reshape_and_cache_flash``.
+``HpcRopeNorm`` (the fused QK-norm + RoPE + KV-write prologue that models such
+as Hy3 wire) writes them itself and hands its results to this backend through
+the ``hpc_*`` fields of ``HpcAttnMetadata``: ``do_kv_cache_update`` then
+skips the layer, and ``forward`` consumes the fields and resets them, so they
+never reach another layer sharing the metadata, nor another step.
+
+Models that do not wire the prologue can get the same kernel through vLLM's
+QK-norm + RoPE + KV-cache and RoPE + KV-cache fusion passes, whose impl hooks
+(``do_qk_norm_rope_kvcache_update``, ``do_rope_and_kv_cache_update``) launch
+``rope_norm_store_kv``. vLLM 0.33 switches those passes off outside ROCm
+(``PassConfig.__post_init__``); where they are allowed they are asked for
+with ``-cc '{"pass_config": {"fuse_qk_norm_rope_kvcache": true},
+"use_inductor_graph_partition": true}'`` (or ``fuse_rope_kvcache``, and
+``"splitting_ops": []`` instead of the graph partition), and apply to
+bf16/fp16 models in compiled ranges of at most
+``pass_config.rope_kvcache_fusion_max_token_num`` tokens.
 """
 
 from __future__ import annotations
@@ -50,8 +64,10 @@ from vllm._hpc_ops import (
     SUPPORTED_HEAD_SIZES,
     DecodeWorkspace,
     PrefillWorkspace,
+    QkNormPolicy,
     decode_attention_unchecked,
     prefill_attention_unchecked,
+    rope_norm_store_kv,
 )
 from vllm.config import (
     VllmConfig,
@@ -59,6 +75,7 @@ from vllm.config import (
     get_layers_from_vllm_config,
 )
 from vllm.config.cache import CacheDType
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms.interface import DeviceCapability
@@ -377,10 +394,10 @@ class HpcAttentionBackend(AttentionBackend):
         "fp8",
         "fp8_e4m3",
     ]
-    # The impl writes K/V in forward unless the prologue already did: the
-    # skip depends on the hand-off, which a separate cache-update op cannot
-    # see.
-    forward_includes_kv_cache_update: bool = True
+    # K/V are written by do_kv_cache_update (vLLM's unified_kv_cache_update
+    # op), which the QK-norm/RoPE + KV-cache fusion passes replace with the
+    # fused prologue; it skips layers whose HpcRopeNorm already wrote them.
+    forward_includes_kv_cache_update: bool = False
 
     @staticmethod
     def get_supported_kernel_block_sizes(
@@ -480,8 +497,8 @@ def _gqa_unsupported_reason(num_heads: int, num_kv_heads: int) -> str | None:
 
 
 class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
-    """Writes K/V (unless handed off) and launches the decode and prefill
-    kernels over their rows of the batch."""
+    """Writes K/V (unless the prologue did) and launches the decode and
+    prefill kernels over their rows of the batch."""
 
     def __init__(
         self,
@@ -569,9 +586,10 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         """Attention for every row of the batch, written into ``output``.
 
         ``query`` [T, num_heads, head_size] (bf16/fp16, or FP8 from the
-        prologue); ``key``/``value`` [T, num_kv_heads, head_size] or None;
-        ``kv_cache`` [num_blocks, num_kv_heads, block_size, 2 * head_size];
-        ``output`` [T, num_heads, head_size] in the layer's output dtype.
+        prologue); ``key``/``value`` are not read: the kernels take K and V
+        from the cache, written before this call; ``kv_cache``
+        [num_blocks, num_kv_heads, block_size, 2 * head_size]; ``output``
+        [T, num_heads, head_size] in the layer's output dtype.
         """
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("HPC_ATTN does not fuse output quantization")
@@ -583,34 +601,16 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         # so it only slices and launches; the checks were done in __init__
         # and in the builder.
         md = attn_metadata
-        kv_written = md.hpc_kv_written
         decode_q_scale = md.hpc_decode_q_scale
         prefill_q_scale = md.hpc_prefill_q_scale
-        # Consumed: the next layer sharing this metadata starts clean.
+        # Consumed (K/V were written before this call, by the prologue or by
+        # do_kv_cache_update): the next layer sharing this metadata starts
+        # clean.
         md.hpc_kv_written = False
         md.hpc_decode_q_scale = None
         md.hpc_prefill_q_scale = None
 
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        if (
-            not kv_written
-            and self.kv_sharing_target_layer_name is None
-            and key is not None
-            and value is not None
-        ):
-            # FP8 caches are written through their uint8 views, as vLLM's
-            # cache op expects; slots of padding tokens are -1 and skipped.
-            reshape_and_cache_flash(
-                key,
-                value,
-                key_cache,
-                value_cache,
-                md.slot_mapping,
-                self.kv_cache_dtype,
-                layer._k_scale,
-                layer._v_scale,
-            )
-
         k_scale = v_scale = None
         if self.use_fp8:
             key_cache = key_cache.view(FP8_DTYPE)
@@ -674,3 +674,158 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
                 window=self.window,
             )
         return output
+
+    def do_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        """Writes this step's K/V into the cache unless the layer's prologue
+        already did (the hand-off flag, read here and reset by ``forward``)."""
+        if _prologue_wrote_kv(layer):
+            return
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        # FP8 caches are written through their uint8 views, as vLLM's cache
+        # op expects; padding tokens have slot -1 and are skipped.
+        reshape_and_cache_flash(
+            key,
+            value,
+            key_cache,
+            value_cache,
+            slot_mapping,
+            self.kv_cache_dtype,
+            layer._k_scale,
+            layer._v_scale,
+        )
+
+    # --- fusion-pass hooks: the fused prologue for models that do not wire
+    # HpcRopeNorm themselves ---------------------------------------------
+
+    def fused_qk_norm_rope_kvcache_supported(self) -> bool:
+        # The layer's shape and cache dtype were checked in __init__; the
+        # kernel covers every configuration this impl accepts.
+        return has_hpc()
+
+    def fused_rope_kvcache_supported(self) -> bool:
+        return has_hpc()
+
+    def _kernel_kv_views(
+        self, kv_cache: torch.Tensor, layer: AttentionLayer
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+        if not self.use_fp8:
+            return key_cache, value_cache, None, None
+        return (
+            key_cache.view(FP8_DTYPE),
+            value_cache.view(FP8_DTYPE),
+            layer._k_scale.reshape(1),
+            layer._v_scale.reshape(1),
+        )
+
+    def do_qk_norm_rope_kvcache_update(
+        self,
+        layer: AttentionLayer,
+        qkv: torch.Tensor,
+        q_out: torch.Tensor,
+        k_out: torch.Tensor,
+        positions: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        rms_norm_eps: float,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+        kv_cache: torch.Tensor,
+        layer_slot_mapping: torch.Tensor,
+    ) -> None:
+        """Per-head RMSNorm then RoPE of Q and K, K/V written into the cache,
+        Q into ``q_out``, in one launch of the prologue kernel.
+
+        ``k_out`` is left as it is: the kernel writes the normed, rotated K
+        into the cache only, and ``forward`` reads K from the cache.
+        """
+        key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
+            kv_cache, layer
+        )
+        rope_norm_store_kv(
+            qkv,
+            positions,
+            layer_slot_mapping,
+            cos_sin_cache,
+            key_cache,
+            value_cache,
+            q_out.view(qkv.shape[0], self.num_heads, self.head_size),
+            q_norm_weight=q_weight,
+            k_norm_weight=k_weight,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            eps=rms_norm_eps,
+            norm_policy=QkNormPolicy.NORM_THEN_ROPE,
+            is_neox=is_neox,
+        )
+
+    def do_rope_and_kv_cache_update(
+        self,
+        layer: AttentionLayer,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        is_neox: bool,
+        kv_cache: torch.Tensor,
+        layer_slot_mapping: torch.Tensor,
+    ) -> None:
+        """RoPE of Q (in place) and K, K/V written into the cache, in one
+        launch of the prologue kernel.
+
+        The kernel reads one packed [T, (Hq + 2 Hkv) D] row per token, so the
+        three inputs are packed first. ``key`` is left as it is: the rotated
+        K goes into the cache only, and ``forward`` reads K from the cache.
+        """
+        num_tokens = query.shape[0]
+        qkv = torch.cat(
+            (
+                query.reshape(num_tokens, -1),
+                key.reshape(num_tokens, -1),
+                value.reshape(num_tokens, -1),
+            ),
+            dim=-1,
+        )
+        q_shape = (num_tokens, self.num_heads, self.head_size)
+        q_out = (
+            query.view(q_shape) if query.is_contiguous() else query.new_empty(q_shape)
+        )
+        key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
+            kv_cache, layer
+        )
+        rope_norm_store_kv(
+            qkv,
+            positions,
+            layer_slot_mapping,
+            cos_sin_cache,
+            key_cache,
+            value_cache,
+            q_out,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            norm_policy=QkNormPolicy.NONE,
+            is_neox=is_neox,
+        )
+        if q_out.data_ptr() != query.data_ptr():
+            query.copy_(q_out.view(query.shape))
+
+
+def _prologue_wrote_kv(layer: AttentionLayer) -> bool:
+    """Whether ``HpcRopeNorm`` wrote this layer's K/V in the current step."""
+    if not is_forward_context_available():
+        return False
+    metadata = get_forward_context().attn_metadata
+    if isinstance(metadata, list):
+        # Speculative decoding: entry 0 is the target model's metadata.
+        metadata = metadata[0]
+    if isinstance(metadata, dict):
+        metadata = metadata.get(layer.layer_name)
+    return bool(getattr(metadata, "hpc_kv_written", False))
