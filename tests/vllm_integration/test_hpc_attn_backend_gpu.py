@@ -44,6 +44,12 @@ from prefill_reference import (  # noqa: E402
     on_fp8_grid,
     reference_prefill,
 )
+from rope_norm_reference import (  # noqa: E402
+    assert_close,
+    make_cos_sin_cache,
+    read_slots,
+    reference_prologue,
+)
 
 hpc_attn = pytest.importorskip(
     "vllm.v1.attention.backends.hpc_attn", reason="vLLM has no hpc_attn module"
@@ -485,3 +491,87 @@ def test_forward_writes_kv_and_matches_reference(case: Case, tmp_path: Path):
     if not _has_vllm_cache_op():
         pytest.skip("vLLM's CUDA cache ops (vllm._C) are not loaded")
     _run(case, tmp_path, impl_writes=True)
+
+
+# ---------------------------------------------------------------------------
+# Fusion-pass hooks on the prologue kernel
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+@pytest.mark.parametrize("variant", ["qk_norm_rope", "rope"])
+def test_fusion_hooks_match_reference(kv_cache_dtype: str, variant: str):
+    fp8 = kv_cache_dtype != "auto"
+    hq, hkv, d, bs, num_blocks, t = 16, 4, 128, 64, 6, 70
+    gen = torch.Generator().manual_seed(7 if fp8 else 3)
+    impl = hpc_attn.HpcAttentionImpl(hq, d, d**-0.5, hkv, None, None, kv_cache_dtype)
+    assert impl.fused_qk_norm_rope_kvcache_supported()
+    assert impl.fused_rope_kvcache_supported()
+    layer = types.SimpleNamespace(
+        layer_name="fused",
+        _k_scale=torch.tensor(0.05, device=DEVICE),
+        _v_scale=torch.tensor(0.04, device=DEVICE),
+    )
+    dtype = torch.uint8 if fp8 else BF16
+    kv_cache = torch.zeros(num_blocks, bs, hkv, 2 * d, dtype=dtype, device=DEVICE)
+    kv_cache = kv_cache.transpose(1, 2)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen).to(BF16).to(DEVICE)
+    positions = torch.randint(0, 4000, (t,), generator=gen).to(DEVICE)
+    slots = torch.randperm(num_blocks * bs, generator=gen)[:t].to(DEVICE)
+    slots[5] = -1  # a padding token
+    cos_sin = make_cos_sin_cache(d, 4096, device=DEVICE)
+    q_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(BF16).to(DEVICE)
+    k_weight = (1 + 0.1 * torch.randn(d, generator=gen)).to(BF16).to(DEVICE)
+
+    if variant == "qk_norm_rope":
+        q_out = torch.empty(t, hq, d, dtype=BF16, device=DEVICE)
+        k_out = torch.empty(t, hkv, d, dtype=BF16, device=DEVICE)
+        impl.do_qk_norm_rope_kvcache_update(
+            layer,
+            qkv,
+            q_out,
+            k_out,
+            positions,
+            q_weight,
+            k_weight,
+            1e-6,
+            cos_sin,
+            True,
+            kv_cache,
+            slots,
+        )
+        ref = reference_prologue(
+            qkv,
+            positions,
+            cos_sin,
+            hq,
+            hkv,
+            d,
+            q_norm_weight=q_weight,
+            k_norm_weight=k_weight,
+            eps=1e-6,
+            norm_policy=int(hpc_attn.QkNormPolicy.NORM_THEN_ROPE),
+        )
+        q_result = q_out
+    else:
+        query, key, value = qkv.clone().split([hq * d, hkv * d, hkv * d], dim=-1)
+        impl.do_rope_and_kv_cache_update(
+            layer, query, key, value, positions, cos_sin, True, kv_cache, slots
+        )
+        ref = reference_prologue(qkv, positions, cos_sin, hq, hkv, d)
+        q_result = query.reshape(t, hq, d)
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+    assert_close(q_result.float(), ref.q, 1e-2, f"{variant} q")
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)
+    if fp8:
+        key_cache, value_cache = key_cache.view(FP8_DTYPE), value_cache.view(FP8_DTYPE)
+    real = slots >= 0
+    k_read = read_slots(key_cache, slots[real]).float()
+    v_read = read_slots(value_cache, slots[real]).float()
+    rtol = 3e-2 if fp8 else 1e-2
+    if fp8:
+        k_read, v_read = k_read * layer._k_scale, v_read * layer._v_scale
+    assert_close(k_read, ref.k[real], rtol, f"{variant} k")
+    assert_close(v_read, ref.v[real], rtol, f"{variant} v")
