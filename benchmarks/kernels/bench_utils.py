@@ -13,6 +13,7 @@ and writing the results file that ``benchmarks/render_results.py`` reads
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import datetime
@@ -515,3 +516,101 @@ def check_impls(
             continue
         checked.impls[name] = impl
     return checked
+
+
+def make_record(
+    workload: str,
+    case_name: str,
+    impl: str,
+    us: float | None,
+    floor_us: float | None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One record of the results file; ``extra`` fields come after the
+    ratios (None ``us`` or ``floor_us``: no fraction of the floor)."""
+    fraction = None if us is None or floor_us is None else significant(floor_us / us, 3)
+    record: dict[str, Any] = {
+        "workload": workload,
+        "case": case_name,
+        "impl": impl,
+        "us": None if us is None else round(us, 2),
+        "floor_us": None if floor_us is None else significant(floor_us, 4),
+        "fraction_of_floor": fraction,
+        "ratios": {},
+    }
+    record.update(extra)
+    return record
+
+
+def time_impls(
+    impls: dict[str, Callable[[T], object]],
+    sets: Sequence[T],
+    iters: int,
+    warmup: int,
+    scrub: L2Scrub | None,
+    errors: dict[str, str],
+    first: str,
+) -> dict[str, float]:
+    """Median microseconds of each implementation's graph replays over
+    ``sets``; one that fails gets its error in ``errors``, and a failure of
+    ``first`` ends the timing."""
+    timings: dict[str, float] = {}
+    pool = torch.cuda.graph_pool_handle()
+    for name, impl in impls.items():
+        try:
+            graphs = capture_graphs(impl, sets, pool)
+            timings[name] = time_graphs(graphs, iters, warmup, scrub)
+            del graphs
+        except Exception as err:  # noqa: BLE001 - recorded, the run goes on
+            errors[name] = short_error(err)
+            torch.cuda.synchronize()
+            if name == first:
+                break
+    return timings
+
+
+def add_run_args(
+    parser: argparse.ArgumentParser,
+    iters: int,
+    warmup: int,
+    workloads: Sequence[str],
+    baselines: Sequence[str],
+) -> None:
+    """The options every attention benchmark takes: ``--out``, ``--iters``,
+    ``--warmup``, ``--cases``, ``--workloads`` and ``--baselines``."""
+    parser.add_argument("--out", type=Path, help="also write the JSON under this dir")
+    parser.add_argument(
+        "--iters", type=int, default=iters, help="timed replays (>= 50)"
+    )
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument(
+        "--cases", default="*", help="comma-separated globs over case names"
+    )
+    parser.add_argument(
+        "--workloads",
+        default=",".join(workloads),
+        help="comma-separated subset of: " + ", ".join(workloads),
+    )
+    parser.add_argument(
+        "--baselines",
+        default=",".join(baselines),
+        help="comma-separated subset of: "
+        + ", ".join(baselines)
+        + " (default: all; those that do not import are skipped)",
+    )
+
+
+def check_run_args(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    min_iters: int,
+    workloads: Sequence[str],
+    baselines: Sequence[str],
+) -> None:
+    """Rejects too few ``--iters`` and unknown workloads or baselines."""
+    if args.iters < min_iters:
+        parser.error(f"--iters must be at least {min_iters}")
+    for flag, allowed in (("baselines", baselines), ("workloads", workloads)):
+        unknown = set(filter(None, getattr(args, flag).split(","))) - set(allowed)
+        if unknown:
+            parser.error(f"unknown {flag}: {', '.join(sorted(unknown))}")

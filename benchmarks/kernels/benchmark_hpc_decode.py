@@ -78,22 +78,25 @@ from typing import Any
 import torch
 from bench_utils import (
     L2Scrub,
+    add_run_args,
     capture_graphs,
     check_impls,
+    check_run_args,
     compiled_flex,
     fill_normal_,
     finish_run,
     gather_tokens,
     import_hpc_ops,
     json_float,
+    make_record,
     max_abs_diff,
     measure_copy_bandwidth_gbps,
     missing_baselines,
     print_progress,
     ratios_over,
     short_error,
-    significant,
     time_graphs,
+    time_impls,
     unavailable_reason,
 )
 
@@ -639,27 +642,6 @@ class Env:
     missing: dict[str, str]  # baseline -> why it does not import
 
 
-def _record(
-    case_workload: str,
-    case_name: str,
-    impl: str,
-    us: float | None,
-    floor_us: float,
-    **extra: Any,
-) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "workload": case_workload,
-        "case": case_name,
-        "impl": impl,
-        "us": None if us is None else round(us, 2),
-        "floor_us": significant(floor_us, 4),
-        "fraction_of_floor": None if us is None else significant(floor_us / us, 3),
-        "ratios": {},
-    }
-    record.update(extra)
-    return record
-
-
 def choose_num_sets(case: Case, opts: Options) -> int:
     """Sets to rotate: enough for ROTATION_BYTES within [MIN_SETS, MAX_SETS],
     fewer where they would pass the memory budget (0: even one does not)."""
@@ -675,7 +657,9 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     if num_sets < 1:
         gb = case.set_bytes() / 1e9
         reason = f"skipped: one input set is {gb:.1f} GB, over the --max-kv-gb budget"
-        record = _record(case.workload, case.name, HPC, None, floor_us, error=reason)
+        record = make_record(
+            case.workload, case.name, HPC, None, floor_us, error=reason
+        )
         return [record], True
 
     layout = make_layout(case)
@@ -722,17 +706,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
 
     timings: dict[str, float] = {}
     if HPC in impls:
-        pool = torch.cuda.graph_pool_handle()
-        for name, impl in impls.items():
-            try:
-                graphs = capture_graphs(impl, sets, pool)
-                timings[name] = time_graphs(graphs, opts.iters, opts.warmup, scrub)
-                del graphs
-            except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                errors[name] = short_error(err)
-                torch.cuda.synchronize()
-                if name == HPC:
-                    break
+        timings = time_impls(impls, sets, opts.iters, opts.warmup, scrub, errors, HPC)
 
     ok = HPC in timings
     records = []
@@ -750,7 +724,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
         if name not in timings:
             extra["error"] = errors.get(name, "not timed: the hpc result failed")
         us = timings.get(name)
-        record = _record(case.workload, case.name, name, us, floor_us, **extra)
+        record = make_record(case.workload, case.name, name, us, floor_us, **extra)
         if name == HPC:
             record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
@@ -844,7 +818,7 @@ def bench_plan(
             if impl in timings
             else {"error": errors.get(impl, "not timed")}
         )
-        record = _record("PLAN", name, impl, timings.get(impl), floor_us, **extra)
+        record = make_record("PLAN", name, impl, timings.get(impl), floor_us, **extra)
         if impl == HPC:
             record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
@@ -870,24 +844,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="W1, a few W2 cases (" + ", ".join(QUICK_W2) + ") and PLAN b32/b256",
     )
-    parser.add_argument("--out", type=Path, help="also write the JSON under this dir")
-    parser.add_argument("--iters", type=int, default=100, help="timed replays (>= 50)")
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument(
-        "--cases", default="*", help="comma-separated globs over case names"
-    )
-    parser.add_argument(
-        "--workloads",
-        default=",".join(WORKLOADS),
-        help="comma-separated subset of: " + ", ".join(WORKLOADS),
-    )
-    parser.add_argument(
-        "--baselines",
-        default=",".join(BASELINES),
-        help="comma-separated subset of: "
-        + ", ".join(BASELINES)
-        + " (default: all; those that do not import are skipped)",
-    )
+    add_run_args(parser, 100, 10, WORKLOADS, BASELINES)
     parser.add_argument(
         "--fp8-all", action="store_true", help="every W2 case in fp8 too"
     )
@@ -899,12 +856,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{KV_MEMORY_SHARE:g} of the device's memory, at most {MAX_KV_GB:g})",
     )
     args = parser.parse_args(argv)
-    if args.iters < MIN_ITERS:
-        parser.error(f"--iters must be at least {MIN_ITERS}")
-    for flag, allowed in (("baselines", BASELINES), ("workloads", WORKLOADS)):
-        unknown = set(filter(None, getattr(args, flag).split(","))) - set(allowed)
-        if unknown:
-            parser.error(f"unknown {flag}: {', '.join(sorted(unknown))}")
+    check_run_args(parser, args, MIN_ITERS, WORKLOADS, BASELINES)
     return args
 
 
@@ -975,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
             floor_us = case.floor_bytes() / (bandwidth * 1e3)
             error = short_error(err)
             case_records = [
-                _record(case.workload, case.name, HPC, None, floor_us, error=error)
+                make_record(case.workload, case.name, HPC, None, floor_us, error=error)
             ]
             ok = False
         sound &= ok

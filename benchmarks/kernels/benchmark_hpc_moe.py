@@ -105,6 +105,7 @@ from bench_utils import (
     finish_run,
     import_hpc_ops,
     json_float,
+    make_record,
     measure_copy_bandwidth_gbps,
     median_ms,
     missing_baselines,
@@ -112,7 +113,6 @@ from bench_utils import (
     print_progress,
     ratios_over,
     short_error,
-    significant,
     sync_quietly,
     time_graphs,
     unavailable_reason,
@@ -853,19 +853,7 @@ class Env:
 def _record(
     case: Case, impl: str, us: float | None, floor_us: float | None, **extra: Any
 ) -> dict[str, Any]:
-    record: dict[str, Any] = {
-        "workload": WORKLOAD,
-        "case": case.name,
-        "impl": impl,
-        "us": None if us is None else round(us, 2),
-        "floor_us": None if floor_us is None else significant(floor_us, 4),
-        "fraction_of_floor": (
-            None if us is None or floor_us is None else significant(floor_us / us, 3)
-        ),
-        "ratios": {},
-    }
-    record.update(extra)
-    return record
+    return make_record(WORKLOAD, case.name, impl, us, floor_us, **extra)
 
 
 def choose_num_sets(

@@ -103,8 +103,10 @@ import torch
 from bench_utils import (
     FP8,
     L2Scrub,
+    add_run_args,
     capture_graphs,
     check_impls,
+    check_run_args,
     compiled_flex,
     fill_normal_,
     finish_run,
@@ -112,6 +114,7 @@ from bench_utils import (
     import_error,
     import_hpc_ops,
     json_float,
+    make_record,
     max_abs_diff,
     measure_copy_bandwidth_gbps,
     measure_matmul_tflops,
@@ -121,9 +124,9 @@ from bench_utils import (
     print_progress,
     ratios_over,
     short_error,
-    significant,
     sleep_ahead,
     time_graphs,
+    time_impls,
     unavailable_reason,
 )
 
@@ -817,28 +820,6 @@ class Env:
     missing: dict[str, str]  # baseline -> why it cannot run
 
 
-def _record(
-    workload: str,
-    case_name: str,
-    impl: str,
-    us: float | None,
-    floor_us: float | None,
-    **extra: Any,
-) -> dict[str, Any]:
-    fraction = None if us is None or floor_us is None else significant(floor_us / us, 3)
-    record: dict[str, Any] = {
-        "workload": workload,
-        "case": case_name,
-        "impl": impl,
-        "us": None if us is None else round(us, 2),
-        "floor_us": None if floor_us is None else significant(floor_us, 4),
-        "fraction_of_floor": fraction,
-        "ratios": {},
-    }
-    record.update(extra)
-    return record
-
-
 def case_floor_us(case: Case, tflops: dict[str, float]) -> float:
     rate = tflops["fp8" if case.fp8 else "bf16"]
     return case.flops() / (rate * 1e6)
@@ -864,7 +845,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     if num_sets < 1:
         gb = (case.set_bytes() + case.extra_bytes()) / 1e9
         reason = f"skipped: one input set is {gb:.1f} GB, over the --max-gb budget"
-        return [_record("W5", case.name, HPC, None, floor_us, error=reason)], True
+        return [make_record("W5", case.name, HPC, None, floor_us, error=reason)], True
 
     layout = make_layout(case)
     sets = [make_input_set(case, seed=i) for i in range(num_sets)]
@@ -920,19 +901,10 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     checked.outputs = {}
 
     timings: dict[str, float] = {}
-    impls = checked.impls
-    if HPC in impls:
-        pool = torch.cuda.graph_pool_handle()
-        for name, impl in impls.items():
-            try:
-                graphs = capture_graphs(impl, sets, pool)
-                timings[name] = time_graphs(graphs, opts.iters, opts.warmup, scrub)
-                del graphs
-            except Exception as err:  # noqa: BLE001 - recorded, the run goes on
-                errors[name] = short_error(err)
-                torch.cuda.synchronize()
-                if name == HPC:
-                    break
+    if HPC in checked.impls:
+        timings = time_impls(
+            checked.impls, sets, opts.iters, opts.warmup, scrub, errors, HPC
+        )
 
     records = []
     for name in names:
@@ -951,7 +923,9 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
             extra["variant"] = variants[name]
         if name not in timings:
             extra["error"] = errors.get(name, "not timed: the hpc result failed")
-        record = _record("W5", case.name, name, timings.get(name), floor_us, **extra)
+        record = make_record(
+            "W5", case.name, name, timings.get(name), floor_us, **extra
+        )
         if name == HPC:
             record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
@@ -1030,7 +1004,7 @@ def bench_plan(
         extra["error"] = short_error(err)
         us = None
         torch.cuda.synchronize()
-    return [_record("PLAN", name, HPC, us, floor_us, **extra)], us is not None
+    return [make_record("PLAN", name, HPC, us, floor_us, **extra)], us is not None
 
 
 def _fa3_unavailable() -> str | None:
@@ -1168,24 +1142,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="a few cases (" + ", ".join(QUICK) + ") and their plans",
     )
-    parser.add_argument("--out", type=Path, help="also write the JSON under this dir")
-    parser.add_argument("--iters", type=int, default=60, help="timed replays (>= 50)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument(
-        "--cases", default="*", help="comma-separated globs over case names"
-    )
-    parser.add_argument(
-        "--workloads",
-        default=",".join(WORKLOADS),
-        help="comma-separated subset of: " + ", ".join(WORKLOADS),
-    )
-    parser.add_argument(
-        "--baselines",
-        default=",".join(BASELINES),
-        help="comma-separated subset of: "
-        + ", ".join(BASELINES)
-        + " (default: all; those that do not import are skipped)",
-    )
+    add_run_args(parser, 60, 5, WORKLOADS, BASELINES)
     parser.add_argument(
         "--block-size",
         type=int,
@@ -1208,12 +1165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{MEMORY_SHARE:g} of the device's memory, at most {MAX_GB:g})",
     )
     args = parser.parse_args(argv)
-    if args.iters < MIN_ITERS:
-        parser.error(f"--iters must be at least {MIN_ITERS}")
-    for flag, allowed in (("baselines", BASELINES), ("workloads", WORKLOADS)):
-        unknown = set(filter(None, getattr(args, flag).split(","))) - set(allowed)
-        if unknown:
-            parser.error(f"unknown {flag}: {', '.join(sorted(unknown))}")
+    check_run_args(parser, args, MIN_ITERS, WORKLOADS, BASELINES)
     return args
 
 
@@ -1278,7 +1230,9 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
             floor_us = case_floor_us(case, env.tflops)
             error = short_error(err)
-            case_records = [_record("W5", case.name, HPC, None, floor_us, error=error)]
+            case_records = [
+                make_record("W5", case.name, HPC, None, floor_us, error=error)
+            ]
             ok = False
         sound &= ok
         records.extend(case_records)
