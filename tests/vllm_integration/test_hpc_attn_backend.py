@@ -1424,3 +1424,75 @@ def test_rope_kvcache_hook_packs_inputs_and_writes_query(monkeypatch):
     assert seen["kw"]["is_neox"] is True
     # Q is rotated in place, into the caller's (strided) tensor.
     assert torch.equal(query, original_q * 2)
+
+
+# ---------------------------------------------------------------------------
+# Through vLLM's Attention layer
+# ---------------------------------------------------------------------------
+
+
+def _layer_context(layer, md) -> ForwardContext:
+    return ForwardContext(
+        no_compile_layers={layer.layer_name: layer},
+        attn_metadata={layer.layer_name: md},
+        slot_mapping={layer.layer_name: md.slot_mapping},
+    )
+
+
+def test_attention_layer_writes_kv_then_attends(kernels, llama_model):
+    config = _vllm_config(llama_model)
+    layer = _attention(config, 32, 8, 128)
+    layer.kv_cache = _kv_cache(False)
+    md = _builder(llama_model).build(0, _Inputs().common([1, 3], [5, 3]))
+    q = torch.randn(4, 32 * 128).to(torch.bfloat16)
+    k = torch.randn(4, 8 * 128).to(torch.bfloat16)
+    v = torch.randn(4, 8 * 128).to(torch.bfloat16)
+    with (
+        set_current_vllm_config(config),
+        override_forward_context(_layer_context(layer, md)),
+    ):
+        out = layer(q, k, v)
+    assert [n for n, _, _ in kernels] == ["write", "decode", "prefill"]
+    assert out.shape == (4, 32 * 128) and out.dtype == torch.bfloat16
+    ((wargs, _),) = _calls(kernels, "write")
+    assert wargs[4] is md.slot_mapping
+    assert wargs[6] is layer._k_scale
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_e4m3"])
+def test_attention_layer_after_prologue_as_hy_v3_calls_it(
+    kernels, llama_model, kv_cache_dtype
+):
+    # The call sequence of models/hy_v3.py: the prologue op writes K/V (and
+    # FP8 Q with its scales), then attn(q, k_raw, v_raw, None, model dtype).
+    fp8 = kv_cache_dtype != "auto"
+    config = _vllm_config(llama_model, kv_cache_dtype=kv_cache_dtype)
+    layer = _attention(config, 32, 8, 128)
+    assert layer.query_quant is None
+    with set_current_vllm_config(config):
+        # Registers itself for the op under the layer's name.
+        prologue = _prologue(layer.layer_name, kv_cache_dtype)
+        builder = Builder(_spec(kv_cache_dtype), [], config, torch.device("cpu"))
+    assert rope_norm._hpc_rope_norm_instances[layer.layer_name] is prologue
+    layer.kv_cache = _kv_cache(fp8)
+    md = builder.build(0, _Inputs().common([1, 1, 4], [7, 9, 4]))
+    qkv = torch.randn(6, 48 * 128).to(torch.bfloat16)
+    _, k_raw, v_raw = qkv.split([32 * 128, 8 * 128, 8 * 128], dim=-1)
+    q = torch.empty(6, 32, 128, dtype=FP8 if fp8 else torch.bfloat16)
+    with (
+        set_current_vllm_config(config),
+        override_forward_context(_layer_context(layer, md)),
+    ):
+        rope_norm.hpc_rope_norm_forward(qkv, q, layer.layer_name)
+        assert md.hpc_kv_written is True
+        out = layer(q.view(6, -1), k_raw, v_raw, None, torch.bfloat16)
+    assert [n for n, _, _ in kernels] == ["prologue", "decode", "prefill"]
+    assert out.dtype == torch.bfloat16
+    ((dargs, dkw),) = _calls(kernels, "decode")
+    assert dargs[0].dtype == q.dtype
+    if fp8:
+        assert dkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
+    else:
+        assert dkw["q_scale"] is None
+    assert md.hpc_kv_written is False
+    assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
