@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import datetime
 import importlib
+import inspect
 import json
 import math
 import os
@@ -614,3 +615,128 @@ def check_run_args(
         unknown = set(filter(None, getattr(args, flag).split(","))) - set(allowed)
         if unknown:
             parser.error(f"unknown {flag}: {', '.join(sorted(unknown))}")
+
+
+def flex_page_maps(
+    pages: torch.Tensor, num_pages: int, live: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For the pages ``[batch, Hkv, blocks]`` of a paged FlexAttention view
+    (only those ``live`` marks, when given): each page's row ``b * Hkv + h``
+    (-1 for a page no row owns) and its logical block within the row, int32
+    ``[num_pages]`` each."""
+    batch, hkv, nblk = pages.shape
+    owner = torch.full((num_pages,), -1, dtype=torch.int32)
+    logical = torch.zeros(num_pages, dtype=torch.int32)
+    row_ids = torch.arange(batch * hkv).view(batch, hkv, 1).expand_as(pages)
+    block_ids = torch.arange(nblk).view(1, 1, -1).expand_as(pages)
+    if live is None:
+        owner[pages.flatten()] = row_ids.flatten().to(torch.int32)
+        logical[pages.flatten()] = block_ids.flatten().to(torch.int32)
+    else:
+        owner[pages[live]] = row_ids[live].to(torch.int32)
+        logical[pages[live]] = block_ids[live].to(torch.int32)
+    return owner, logical
+
+
+def flex_paged_block_mask(
+    kv_num_blocks: torch.Tensor,
+    kv_indices: torch.Tensor,
+    page_size: int,
+    page_owner: torch.Tensor,
+    page_logical: torch.Tensor,
+    limit: torch.Tensor,
+    seq_lengths: tuple[int, int],
+    q_block: int = 128,
+    device: str = "cuda",
+) -> Any:
+    """A BlockMask over paged KV whose ``mask_mod`` maps a physical position
+    to its row (``page_owner``) and logical position (``page_logical``):
+    query ``t`` of row ``b`` sees logical positions up to ``limit[b] + t``."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def mask_mod(
+        b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
+    ) -> torch.Tensor:
+        page = kv_idx // page_size
+        pos = page_logical[page] * page_size + kv_idx % page_size
+        return (page_owner[page] == b) & (pos <= limit[b] + q_idx)
+
+    kwargs: dict[str, Any] = {
+        "BLOCK_SIZE": (q_block, page_size),
+        "mask_mod": mask_mod,
+        "seq_lengths": seq_lengths,
+    }
+    if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters:
+        # Without it the transposed (backward) indices are built densely
+        # over every page of the cache.
+        kwargs["compute_q_blocks"] = False
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks.contiguous().to(torch.int32).to(device),
+        kv_indices.contiguous().to(torch.int32).to(device),
+        **kwargs,
+    )
+
+
+def flex_kv_views(
+    kv: torch.Tensor, tokens: int, head_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V ``[1, 1, tokens, D]`` views of a ``(num_blocks, Hkv,
+    block_size, 2 * D)`` cache read as rows of 2 * D."""
+    flat = kv.view(1, 1, tokens, 2 * head_size)
+    return flat[..., :head_size], flat[..., head_size:]
+
+
+def flashinfer_prefill_wrapper(
+    workspace: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_size: int,
+    page_size: int,
+    **plan_kwargs: Any,
+) -> Any:
+    """FlashInfer's paged prefill wrapper on HND cache views with a causal
+    mask, planned (outside any graph) with ``plan_kwargs``."""
+    import flashinfer
+
+    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        workspace,
+        "HND",
+        use_cuda_graph=True,
+        qo_indptr_buf=qo_indptr,
+        paged_kv_indptr_buf=indptr,
+        paged_kv_indices_buf=indices,
+        paged_kv_last_page_len_buf=last_page_len,
+    )
+    wrapper.plan(
+        qo_indptr,
+        indptr,
+        indices,
+        last_page_len,
+        num_q_heads,
+        num_kv_heads,
+        head_size,
+        page_size,
+        causal=True,
+        **plan_kwargs,
+    )
+    return wrapper
+
+
+def run_flashinfer_hnd(
+    wrapper: Any,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    out: torch.Tensor,
+    head_size: int,
+    scales: dict[str, float],
+) -> torch.Tensor:
+    """One FlashInfer call on the HND views ``[pages, Hkv, page_size, D]``
+    of a ``(num_blocks, Hkv, block_size, 2 * D)`` cache."""
+    k = kv[..., :head_size]
+    v = kv[..., head_size:]
+    wrapper.run(q, (k, v), out=out, **scales)
+    return out

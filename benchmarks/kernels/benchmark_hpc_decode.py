@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import inspect
 import math
 import sys
 import time
@@ -85,6 +84,10 @@ from bench_utils import (
     compiled_flex,
     fill_normal_,
     finish_run,
+    flashinfer_prefill_wrapper,
+    flex_kv_views,
+    flex_page_maps,
+    flex_paged_block_mask,
     gather_tokens,
     import_hpc_ops,
     json_float,
@@ -94,6 +97,7 @@ from bench_utils import (
     missing_baselines,
     print_progress,
     ratios_over,
+    run_flashinfer_hnd,
     short_error,
     time_graphs,
     time_impls,
@@ -358,8 +362,6 @@ class FlexPaged:
     """
 
     def __init__(self, case: Case, layout: Layout, device: str = "cuda") -> None:
-        from torch.nn.attention.flex_attention import BlockMask
-
         hq, hkv = case.heads
         self.batch, self.kv_heads = case.batch, hkv
         self.group, self.q_tokens = hq // hkv, case.query_tokens
@@ -376,42 +378,23 @@ class FlexPaged:
         kv_num_blocks = blocks.repeat_interleave(hkv).view(rows, 1, 1)
         live = torch.arange(table.shape[1])[None, None, :] < blocks[:, None, None]
         live = live.expand_as(pages)
-        owner = torch.full((num_pages,), -1, dtype=torch.int32)
-        logical = torch.zeros(num_pages, dtype=torch.int32)
-        row_ids = torch.arange(rows).view(self.batch, hkv, 1).expand_as(pages)
-        block_ids = torch.arange(table.shape[1]).view(1, 1, -1).expand_as(pages)
-        owner[pages[live]] = row_ids[live].to(torch.int32)
-        logical[pages[live]] = block_ids[live].to(torch.int32)
+        owner, logical = flex_page_maps(pages, num_pages, live)
         page_owner, page_logical = owner.to(device), logical.to(device)
         # Query t of a row sees logical positions <= len - q_tokens + t.
         limit = (lengths - self.q_tokens).repeat_interleave(hkv).to(torch.int32)
         limit = limit.to(device)
-
-        def mask_mod(
-            b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
-        ) -> torch.Tensor:
-            page = kv_idx // BLOCK_SIZE
-            pos = page_logical[page] * BLOCK_SIZE + kv_idx % BLOCK_SIZE
-            return (page_owner[page] == b) & (pos <= limit[b] + q_idx)
-
-        kwargs: dict[str, Any] = {
-            "BLOCK_SIZE": (128, BLOCK_SIZE),
-            "mask_mod": mask_mod,
-            "seq_lengths": (self.q_tokens, self.tokens),
-        }
-        if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters:
-            # Without it the transposed (backward) indices are built densely
-            # over every page of the cache.
-            kwargs["compute_q_blocks"] = False
-        self.block_mask = BlockMask.from_kv_blocks(
-            kv_num_blocks.to(torch.int32).to(device), kv_indices.to(device), **kwargs
+        self.block_mask = flex_paged_block_mask(
+            kv_num_blocks,
+            kv_indices,
+            BLOCK_SIZE,
+            page_owner,
+            page_logical,
+            limit,
+            (self.q_tokens, self.tokens),
+            device=device,
         )
         self.scale = SCALE * (K_SCALE if case.fp8 else 1.0)
         self.out_scale = V_SCALE if case.fp8 else 1.0
-
-    def kv_views(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = kv.view(1, 1, self.tokens, 2 * HEAD_SIZE)
-        return flat[..., :HEAD_SIZE], flat[..., HEAD_SIZE:]
 
     def __call__(
         self,
@@ -427,7 +410,7 @@ class FlexPaged:
         d = q.shape[-1]
         # Rows b * Hkv + h, heads = the GQA group (a copy only when t > 1).
         qf = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b * hkv, g, t, d)
-        k, v = self.kv_views(kv)
+        k, v = flex_kv_views(kv, self.tokens, HEAD_SIZE)
         o = fn(qf, k, v, block_mask=self.block_mask, scale=self.scale, enable_gqa=True)
         o = o.reshape(b, hkv, g, t, d).permute(0, 3, 1, 2, 4)  # [b, t, Hkv, g, D]
         if t == 1 and self.out_scale == 1.0:
@@ -543,16 +526,8 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
         qo_indptr = torch.arange(
             0, (batch + 1) * q_tokens, q_tokens, dtype=torch.int32, device="cuda"
         )
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+        wrapper = flashinfer_prefill_wrapper(
             workspace,
-            "HND",
-            use_cuda_graph=True,
-            qo_indptr_buf=qo_indptr,
-            paged_kv_indptr_buf=indptr,
-            paged_kv_indices_buf=indices,
-            paged_kv_last_page_len_buf=last_page_len,
-        )
-        wrapper.plan(
             qo_indptr,
             indptr,
             indices,
@@ -561,7 +536,6 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
             hkv,
             HEAD_SIZE,
             BLOCK_SIZE,
-            causal=True,
             **common,
         )
     scales: dict[str, float] = {}
@@ -569,10 +543,7 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
         scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
 
     def run(s: InputSet) -> torch.Tensor:
-        k = s.kv[..., :HEAD_SIZE]  # HND: [pages, Hkv, page_size, D]
-        v = s.kv[..., HEAD_SIZE:]
-        wrapper.run(s.q, (k, v), out=s.out, **scales)
-        return s.out
+        return run_flashinfer_hnd(wrapper, s.q, s.kv, s.out, HEAD_SIZE, scales)
 
     return run
 

@@ -89,7 +89,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import fnmatch
-import inspect
 import json
 import math
 import sys
@@ -110,6 +109,10 @@ from bench_utils import (
     compiled_flex,
     fill_normal_,
     finish_run,
+    flashinfer_prefill_wrapper,
+    flex_kv_views,
+    flex_page_maps,
+    flex_paged_block_mask,
     gather_tokens,
     import_error,
     import_hpc_ops,
@@ -123,6 +126,7 @@ from bench_utils import (
     new_events,
     print_progress,
     ratios_over,
+    run_flashinfer_hnd,
     short_error,
     sleep_ahead,
     time_graphs,
@@ -581,8 +585,6 @@ class FlexPaged:
     """
 
     def __init__(self, case: Case, layout: Layout) -> None:
-        from torch.nn.attention.flex_attention import BlockMask
-
         device = DEVICE
         hq, hkv = case.heads
         shape, bs = case.shape, case.block_size
@@ -604,45 +606,25 @@ class FlexPaged:
         kv_num_blocks = visible_pages.view(1, 1, q_blocks).expand(rows, 1, q_blocks)
         kv_indices = pages.reshape(rows, 1, 1, nblk).expand(rows, 1, q_blocks, nblk)
 
-        owner = torch.full((num_pages,), -1, dtype=torch.int32)
-        logical = torch.zeros(num_pages, dtype=torch.int32)
-        row_ids = torch.arange(rows).view(self.batch, hkv, 1).expand_as(pages)
-        block_ids = torch.arange(nblk).view(1, 1, -1).expand_as(pages)
-        owner[pages.flatten()] = row_ids.flatten().to(torch.int32)
-        logical[pages.flatten()] = block_ids.flatten().to(torch.int32)
+        owner, logical = flex_page_maps(pages, num_pages)
         page_owner, page_logical = owner.to(device), logical.to(device)
         # Query t of a row sees logical positions <= kv_len - q_len + t.
         limit = torch.full((rows,), before, dtype=torch.int32).to(device)
-
-        def mask_mod(
-            b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor
-        ) -> torch.Tensor:
-            page = kv_idx // bs
-            pos = page_logical[page] * bs + kv_idx % bs
-            return (page_owner[page] == b) & (pos <= limit[b] + q_idx)
-
-        kwargs: dict[str, Any] = {
-            "BLOCK_SIZE": (FLEX_Q_BLOCK, bs),
-            "mask_mod": mask_mod,
-            "seq_lengths": (shape.q_len, self.tokens),
-        }
-        if "compute_q_blocks" in inspect.signature(BlockMask.from_kv_blocks).parameters:
-            # Without it the transposed (backward) indices are built densely
-            # over every page of the cache.
-            kwargs["compute_q_blocks"] = False
-        self.block_mask = BlockMask.from_kv_blocks(
-            kv_num_blocks.contiguous().to(torch.int32).to(device),
-            kv_indices.contiguous().to(torch.int32).to(device),
-            **kwargs,
+        self.block_mask = flex_paged_block_mask(
+            kv_num_blocks,
+            kv_indices,
+            bs,
+            page_owner,
+            page_logical,
+            limit,
+            (shape.q_len, self.tokens),
+            q_block=FLEX_Q_BLOCK,
+            device=device,
         )
         # The kernel's KV tile must divide the page.
         self.kernel_options = {"BLOCK_N": bs} if bs < 64 else None
         self.scale = SCALE * (K_SCALE if case.fp8 else 1.0)
         self.out_scale = V_SCALE if case.fp8 else 1.0
-
-    def kv_views(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        flat = kv.view(1, 1, self.tokens, 2 * HEAD_SIZE)
-        return flat[..., :HEAD_SIZE], flat[..., HEAD_SIZE:]
 
     def __call__(
         self,
@@ -657,7 +639,7 @@ class FlexPaged:
         d = q.shape[-1]
         # Rows b * Hkv + h, heads = the GQA group (a view for one request).
         qf = q.view(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b * hkv, g, t, d)
-        k, v = self.kv_views(kv)
+        k, v = flex_kv_views(kv, self.tokens, HEAD_SIZE)
         o = fn(
             qf,
             k,
@@ -689,8 +671,6 @@ def make_flex(case: Case, layout: Layout) -> Impl:
 def make_flashinfer(case: Case, layout: Layout) -> Impl:
     """FlashInfer's paged prefill wrapper with a causal mask, HND cache
     views, plan outside the graph."""
-    import flashinfer
-
     hq, hkv = case.heads
     shape, bs = case.shape, case.block_size
     nblk = case.blocks_per_request
@@ -703,16 +683,8 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
     last_page_len = last_page_len.to(DEVICE)
     qo_indptr = layout.query_start_loc
     workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device=DEVICE)
-    wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+    wrapper = flashinfer_prefill_wrapper(
         workspace,
-        "HND",
-        use_cuda_graph=True,
-        qo_indptr_buf=qo_indptr,
-        paged_kv_indptr_buf=indptr,
-        paged_kv_indices_buf=indices,
-        paged_kv_last_page_len_buf=last_page_len,
-    )
-    wrapper.plan(
         qo_indptr,
         indptr,
         indices,
@@ -721,7 +693,6 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
         hkv,
         HEAD_SIZE,
         bs,
-        causal=True,
         q_data_type=torch.bfloat16,
         kv_data_type=case.kv_dtype,
         sm_scale=SCALE,
@@ -731,10 +702,7 @@ def make_flashinfer(case: Case, layout: Layout) -> Impl:
         scales = {"k_scale": K_SCALE, "v_scale": V_SCALE}
 
     def run(s: InputSet) -> torch.Tensor:
-        k = s.kv[..., :HEAD_SIZE]  # HND: [pages, Hkv, page_size, D]
-        v = s.kv[..., HEAD_SIZE:]
-        wrapper.run(s.q_bf16, (k, v), out=s.out, **scales)
-        return s.out
+        return run_flashinfer_hnd(wrapper, s.q_bf16, s.kv, s.out, HEAD_SIZE, scales)
 
     return run
 
