@@ -841,6 +841,148 @@ def _check_strides(name: str, t: torch.Tensor, dims: range, multiple: int) -> No
             )
 
 
+def _check_on_device(device: torch.device, **tensors: torch.Tensor) -> None:
+    """Each keyword's value is a tensor on the workspace's ``device``."""
+    for name, t in tensors.items():
+        _check_tensor(name, t)
+        if t.device != device:
+            raise ValueError(
+                f"{name} is on {t.device}; expected the workspace's device {device}"
+            )
+
+
+def _check_paged_cache(
+    key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[int, int, int, bool]:
+    """A K/V cache pair as the attention kernels read it (strided views whose
+    rows TMA copies: 16-byte strides and alignment); returns (block_size,
+    num_kv_heads, head_size, whether it is FP8)."""
+    block_size, num_kv_heads, head_size = _check_cache_pair(
+        key_cache, value_cache, _DECODE_KV_DTYPES
+    )
+    kv_bytes = key_cache.element_size()
+    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if cache.stride(3) != 1:
+            raise ValueError(
+                f"{name} must be contiguous in head_size, got strides {cache.stride()}"
+            )
+        _check_strides(name, cache, range(3), 16 // kv_bytes)
+        _check_aligned(name, cache)
+    return block_size, num_kv_heads, head_size, key_cache.dtype == torch.float8_e4m3fn
+
+
+def _check_query(
+    q: torch.Tensor,
+    cache_dtype: torch.dtype,
+    num_kv_heads: int,
+    head_size: int,
+    q_stride_multiple: int,
+) -> tuple[int, int]:
+    """Queries of the cache's 16-bit dtype, or bf16/fp16/FP8 over an FP8
+    cache; returns (tokens, num_q_heads). ``q_stride_multiple``: what q's
+    strides must be a multiple of, in elements."""
+    _check_ndim("q", q, 3, "[tokens, num_q_heads, head_size]")
+    q_dtypes = (
+        (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+        if cache_dtype == torch.float8_e4m3fn
+        else (cache_dtype,)
+    )
+    _check_dtype("q", q, q_dtypes)
+    tokens, num_q_heads, q_head_size = q.shape
+    if q_head_size != head_size:
+        raise ValueError(
+            f"q head size {q_head_size} must equal the cache's {head_size}"
+        )
+    _check_gqa(num_q_heads, num_kv_heads)
+    if q.stride(2) != 1:
+        raise ValueError(f"q must be contiguous in head_size, got strides {q.stride()}")
+    _check_strides("q", q, range(2), q_stride_multiple)
+    return tokens, num_q_heads
+
+
+def _check_output(q: torch.Tensor, out: torch.Tensor) -> None:
+    """A bf16/fp16 output of q's shape, 16-byte aligned rows."""
+    if out.shape != q.shape:
+        raise ValueError(
+            f"out shape {tuple(out.shape)} must equal q's {tuple(q.shape)}"
+        )
+    _check_dtype("out", out, _ACTIVATION_DTYPES)
+    if out.stride(2) != 1:
+        raise ValueError(
+            f"out must be contiguous in head_size, got strides {out.stride()}"
+        )
+    _check_strides("out", out, range(2), 8)
+    _check_aligned("out", out)
+
+
+def _check_scalar_scale(name: str, t: torch.Tensor, device: torch.device) -> None:
+    _check_tensor(name, t)
+    _check_dtype(name, t, (torch.float32,))
+    if t.numel() != 1:
+        raise ValueError(
+            f"{name} must be a float32 tensor with one element, got shape "
+            f"{tuple(t.shape)}"
+        )
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}; expected {device}")
+
+
+def _check_attention_scales(
+    q: torch.Tensor,
+    q_scale: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    fp8_kv: bool,
+) -> None:
+    """Per-token-per-head scales with FP8 queries (none otherwise), and the
+    per-tensor K/V scales an FP8 cache needs."""
+    tokens, num_q_heads = q.shape[0], q.shape[1]
+    if q.dtype == torch.float8_e4m3fn:
+        if q_scale is None:
+            raise ValueError(
+                "q_scale is required for FP8 queries: float32 [tokens, num_q_heads]"
+            )
+        _check_tensor("q_scale", q_scale)
+        _check_dtype("q_scale", q_scale, (torch.float32,))
+        if q_scale.shape != (tokens, num_q_heads) or q_scale.stride(1) != 1:
+            raise ValueError(
+                f"q_scale must be [tokens, num_q_heads] = {(tokens, num_q_heads)} "
+                f"with unit stride in dim 1, got shape {tuple(q_scale.shape)} "
+                f"strides {q_scale.stride()}"
+            )
+        if q_scale.device != q.device:
+            raise ValueError(f"q_scale is on {q_scale.device}; expected {q.device}")
+    elif q_scale is not None:
+        raise ValueError("q_scale is only accepted with FP8 (float8_e4m3fn) queries")
+    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if t is not None:
+            _check_scalar_scale(name, t, q.device)
+        elif fp8_kv:
+            raise ValueError(
+                f"{name} is required with an FP8 KV cache: a float32 tensor with "
+                "one element"
+            )
+
+
+def _check_block_table(block_table: torch.Tensor, batch: int) -> None:
+    _check_ndim("block_table", block_table, 2, "[batch, max_blocks]")
+    _check_dtype("block_table", block_table, (torch.int32,))
+    if block_table.shape[0] < batch or block_table.stride(1) != 1:
+        raise ValueError(
+            f"block_table must have >= {batch} rows and unit stride in dim 1, "
+            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
+        )
+
+
+def _check_softmax_args(scale: float, softcap: float) -> None:
+    if not math.isfinite(scale) or not scale > 0.0:
+        raise ValueError(f"scale is {scale}; accepted: a finite positive float")
+    if not math.isfinite(softcap) or not softcap >= 0.0:
+        raise ValueError(
+            f"softcap is {softcap}; accepted: 0 (none) or a finite positive float"
+        )
+
+
 def _validate_decode(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -856,49 +998,17 @@ def _validate_decode(
     scale: float,
     softcap: float,
 ) -> None:
-    for name, t in (
-        ("q", q),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-        ("block_table", block_table),
-        ("kv_lens", kv_lens),
-        ("out", out),
-    ):
-        _check_tensor(name, t)
-        if t.device != workspace.plan_buffer.device:
-            raise ValueError(
-                f"{name} is on {t.device}; expected the workspace's device "
-                f"{workspace.plan_buffer.device}"
-            )
-    block_size, num_kv_heads, head_size = _check_cache_pair(
-        key_cache, value_cache, _DECODE_KV_DTYPES
+    _check_on_device(
+        workspace.plan_buffer.device,
+        q=q,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        kv_lens=kv_lens,
+        out=out,
     )
-    kv_bytes = key_cache.element_size()
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.stride(3) != 1:
-            raise ValueError(
-                f"{name} must be contiguous in head_size, got strides {cache.stride()}"
-            )
-        _check_strides(name, cache, range(3), 16 // kv_bytes)
-        _check_aligned(name, cache)
-
-    _check_ndim("q", q, 3, "[tokens, num_q_heads, head_size]")
-    fp8_kv = key_cache.dtype == torch.float8_e4m3fn
-    q_dtypes = (
-        (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
-        if fp8_kv
-        else (key_cache.dtype,)
-    )
-    _check_dtype("q", q, q_dtypes)
-    tokens, num_q_heads, q_head_size = q.shape
-    if q_head_size != head_size:
-        raise ValueError(
-            f"q head size {q_head_size} must equal the cache's {head_size}"
-        )
-    _check_gqa(num_q_heads, num_kv_heads)
-    if q.stride(2) != 1:
-        raise ValueError(f"q must be contiguous in head_size, got strides {q.stride()}")
-    _check_strides("q", q, range(2), 4)
+    _, num_kv_heads, head_size, fp8_kv = _check_paged_cache(key_cache, value_cache)
+    tokens, num_q_heads = _check_query(q, key_cache.dtype, num_kv_heads, head_size, 4)
     _check_query_tokens(query_tokens)
     batch = kv_lens.shape[0] if kv_lens.dim() == 1 else -1
     _check_ndim("kv_lens", kv_lens, 1, "[batch]")
@@ -924,57 +1034,10 @@ def _validate_decode(
             f"{num_q_heads}/{num_kv_heads}, head_size={head_size}, "
             f"query_tokens={query_tokens}"
         )
-    _check_ndim("block_table", block_table, 2, "[batch, max_blocks]")
-    _check_dtype("block_table", block_table, (torch.int32,))
-    if block_table.shape[0] < batch or block_table.stride(1) != 1:
-        raise ValueError(
-            f"block_table must have >= {batch} rows and unit stride in dim 1, "
-            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
-        )
-    if out.shape != q.shape:
-        raise ValueError(
-            f"out shape {tuple(out.shape)} must equal q's {tuple(q.shape)}"
-        )
-    _check_dtype("out", out, _ACTIVATION_DTYPES)
-    if out.stride(2) != 1:
-        raise ValueError(
-            f"out must be contiguous in head_size, got strides {out.stride()}"
-        )
-    _check_strides("out", out, range(2), 8)
-    _check_aligned("out", out)
-    if q.dtype == torch.float8_e4m3fn:
-        if q_scale is None:
-            raise ValueError(
-                "q_scale is required for FP8 queries: float32 [tokens, num_q_heads]"
-            )
-        _check_tensor("q_scale", q_scale)
-        _check_dtype("q_scale", q_scale, (torch.float32,))
-        if q_scale.shape != (tokens, num_q_heads) or q_scale.stride(1) != 1:
-            raise ValueError(
-                f"q_scale must be [tokens, num_q_heads] = {(tokens, num_q_heads)} "
-                f"with unit stride in dim 1, got {tuple(q_scale.shape)}"
-            )
-        if q_scale.device != q.device:
-            raise ValueError(f"q_scale is on {q_scale.device}; expected {q.device}")
-    elif q_scale is not None:
-        raise ValueError("q_scale is only accepted with FP8 queries")
-    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if t is None:
-            if fp8_kv:
-                raise ValueError(
-                    f"{name} is required with an FP8 KV cache: a float32 scalar tensor"
-                )
-            continue
-        _check_tensor(name, t)
-        _check_dtype(name, t, (torch.float32,))
-        if t.numel() != 1 or t.device != q.device:
-            raise ValueError(f"{name} must be a one-element tensor on {q.device}")
-    if not scale > 0.0 or scale == float("inf"):
-        raise ValueError(f"scale is {scale}; accepted: a finite positive float")
-    if not softcap >= 0.0:
-        raise ValueError(
-            f"softcap is {softcap}; accepted: 0 (none) or a positive float"
-        )
+    _check_block_table(block_table, batch)
+    _check_output(q, out)
+    _check_attention_scales(q, q_scale, k_scale, v_scale, fp8_kv)
+    _check_softmax_args(scale, softcap)
 
 
 def decode_attention(
@@ -1275,18 +1338,6 @@ class PrefillWorkspace:
         return PrefillPlan.from_buffer(self.plan_buffer)
 
 
-def _check_scalar_scale(name: str, t: torch.Tensor, device: torch.device) -> None:
-    _check_tensor(name, t)
-    _check_dtype(name, t, (torch.float32,))
-    if t.numel() != 1:
-        raise ValueError(
-            f"{name} must be a float32 tensor with one element, got shape "
-            f"{tuple(t.shape)}"
-        )
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}; expected {device}")
-
-
 def _validate_prefill(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -1314,98 +1365,26 @@ def _validate_prefill(
             f"workspace.plan_buffer is on {device}; prefill_attention needs a "
             "CUDA device"
         )
-    for name, t in (
-        ("q", q),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-        ("block_table", block_table),
-        ("out", out),
-    ):
-        _check_tensor(name, t)
-        if t.device != device:
-            raise ValueError(
-                f"{name} is on {t.device}; expected the workspace's device {device}"
-            )
-
+    _check_on_device(
+        device,
+        q=q,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_table=block_table,
+        out=out,
+    )
     # The cache pair defines the heads, head size and block size.
-    _, num_kv_heads, head_size = _check_cache_pair(
-        key_cache, value_cache, _DECODE_KV_DTYPES
-    )
-    kv_bytes = key_cache.element_size()
-    for name, cache in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if cache.stride(3) != 1:
-            raise ValueError(
-                f"{name} must be contiguous in head_size, got strides {cache.stride()}"
-            )
-        _check_strides(name, cache, range(3), 16 // kv_bytes)
-        _check_aligned(name, cache)
-    fp8_kv = key_cache.dtype == torch.float8_e4m3fn
-
+    _, num_kv_heads, head_size, fp8_kv = _check_paged_cache(key_cache, value_cache)
     # Queries: read by TMA, so 16-byte aligned rows.
-    _check_ndim("q", q, 3, "[tokens, num_q_heads, head_size]")
-    q_dtypes = (
-        (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
-        if fp8_kv
-        else (key_cache.dtype,)
+    tokens, num_q_heads = _check_query(
+        q, key_cache.dtype, num_kv_heads, head_size, 16 // q.element_size()
     )
-    _check_dtype("q", q, q_dtypes)
-    tokens, num_q_heads, q_head_size = q.shape
-    if q_head_size != head_size:
-        raise ValueError(
-            f"q head size {q_head_size} must equal the cache's {head_size}"
-        )
-    _check_gqa(num_q_heads, num_kv_heads)
-    if q.stride(2) != 1:
-        raise ValueError(f"q must be contiguous in head_size, got strides {q.stride()}")
-    _check_strides("q", q, range(2), 16 // q.element_size())
     _check_aligned("q", q)
-
-    if out.shape != q.shape:
-        raise ValueError(
-            f"out shape {tuple(out.shape)} must equal q's {tuple(q.shape)}"
-        )
-    _check_dtype("out", out, _ACTIVATION_DTYPES)
-    if out.stride(2) != 1:
-        raise ValueError(
-            f"out must be contiguous in head_size, got strides {out.stride()}"
-        )
-    _check_strides("out", out, range(2), 8)
-    _check_aligned("out", out)
-
-    if q.dtype == torch.float8_e4m3fn:
-        if q_scale is None:
-            raise ValueError(
-                "q_scale is required for FP8 queries: float32 [tokens, num_q_heads]"
-            )
-        _check_tensor("q_scale", q_scale)
-        _check_dtype("q_scale", q_scale, (torch.float32,))
-        if q_scale.shape != (tokens, num_q_heads) or q_scale.stride(1) != 1:
-            raise ValueError(
-                f"q_scale must be [tokens, num_q_heads] = {(tokens, num_q_heads)} "
-                f"with unit stride in dim 1, got shape {tuple(q_scale.shape)} "
-                f"strides {q_scale.stride()}"
-            )
-        if q_scale.device != device:
-            raise ValueError(f"q_scale is on {q_scale.device}; expected {device}")
-    elif q_scale is not None:
-        raise ValueError("q_scale is only accepted with FP8 (float8_e4m3fn) queries")
-    for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if t is not None:
-            _check_scalar_scale(name, t, device)
-        elif fp8_kv:
-            raise ValueError(
-                f"{name} is required with an FP8 KV cache: a float32 tensor with "
-                "one element"
-            )
+    _check_output(q, out)
+    _check_attention_scales(q, q_scale, k_scale, v_scale, fp8_kv)
 
     batch = _check_lengths(query_start_loc, seq_lens, device)
-    _check_ndim("block_table", block_table, 2, "[batch, max_blocks]")
-    _check_dtype("block_table", block_table, (torch.int32,))
-    if block_table.shape[0] < batch or block_table.stride(1) != 1:
-        raise ValueError(
-            f"block_table must have >= {batch} rows and unit stride in dim 1, "
-            f"got shape {tuple(block_table.shape)} strides {block_table.stride()}"
-        )
+    _check_block_table(block_table, batch)
 
     if (
         tokens > workspace.max_tokens
@@ -1420,12 +1399,7 @@ def _validate_prefill(
             f"heads={num_q_heads}/{num_kv_heads}"
         )
 
-    if not math.isfinite(scale) or not scale > 0.0:
-        raise ValueError(f"scale is {scale}; accepted: a finite positive float")
-    if not math.isfinite(softcap) or not softcap >= 0.0:
-        raise ValueError(
-            f"softcap is {softcap}; accepted: 0 (none) or a finite positive float"
-        )
+    _check_softmax_args(scale, softcap)
     if isinstance(window, bool) or not isinstance(window, int) or window < 0:
         raise ValueError(f"window is {window!r}; accepted: 0 (none) or a positive int")
 
