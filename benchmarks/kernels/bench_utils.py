@@ -228,6 +228,26 @@ def gather_tokens(cache: torch.Tensor, blocks: torch.Tensor, n: int) -> torch.Te
     return rows.reshape(-1, *cache.shape[2:])[:n].float()
 
 
+def causal_attention_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    last: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Float32 GQA attention of query rows ``q`` ``[rows, Hq, D]`` over keys
+    and values ``[n, Hkv, D]``, row ``r`` seeing the keys up to position
+    ``last[r]``: ``[rows, Hq, D]``."""
+    rows, hq, d = q.shape
+    hkv = k.shape[1]
+    q = q.view(rows, hkv, hq // hkv, d)
+    scores = torch.einsum("rhgd,nhd->hgrn", q, k) * scale
+    pos = torch.arange(k.shape[0], device=scores.device)
+    scores.masked_fill_(pos[None, :] > last[:, None], float("-inf"))
+    out = torch.einsum("hgrn,nhd->rhgd", scores.softmax(dim=-1), v)
+    return out.reshape(rows, hq, d)
+
+
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     diff = (a.float() - b.float()).abs()
     if not torch.isfinite(diff).all():

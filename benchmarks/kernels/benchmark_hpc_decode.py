@@ -79,6 +79,7 @@ from bench_utils import (
     L2Scrub,
     add_run_args,
     capture_graphs,
+    causal_attention_rows,
     check_impls,
     check_run_args,
     compiled_flex,
@@ -557,8 +558,7 @@ def reference_rows(
     case: Case, layout: Layout, s: InputSet, seqs: list[int]
 ) -> dict[int, torch.Tensor]:
     """Float32 attention of the given sequences: [q_tokens, Hq, D] each."""
-    hq, hkv = case.heads
-    group, q_tokens = hq // hkv, case.query_tokens
+    q_tokens = case.query_tokens
     k_scale = K_SCALE if case.fp8 else 1.0
     v_scale = V_SCALE if case.fp8 else 1.0
     refs = {}
@@ -569,13 +569,8 @@ def reference_rows(
         k = gather_tokens(s.key_cache, blocks, n) * k_scale
         v = gather_tokens(s.value_cache, blocks, n) * v_scale
         q = s.q[b * q_tokens : (b + 1) * q_tokens].float()
-        q = q.view(q_tokens, hkv, group, HEAD_SIZE)
-        scores = torch.einsum("thgd,nhd->hgtn", q, k) * SCALE
-        pos = torch.arange(n, device=scores.device)
-        last = n - q_tokens + torch.arange(q_tokens, device=scores.device)
-        scores.masked_fill_(pos[None, :] > last[:, None], float("-inf"))
-        out = torch.einsum("hgtn,nhd->thgd", scores.softmax(dim=-1), v)
-        refs[b] = out.reshape(q_tokens, hq, HEAD_SIZE)
+        last = n - q_tokens + torch.arange(q_tokens, device=q.device)
+        refs[b] = causal_attention_rows(q, k, v, last, SCALE)
     return refs
 
 

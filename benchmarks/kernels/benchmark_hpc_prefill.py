@@ -104,6 +104,7 @@ from bench_utils import (
     L2Scrub,
     add_run_args,
     capture_graphs,
+    causal_attention_rows,
     check_impls,
     check_run_args,
     compiled_flex,
@@ -730,9 +731,7 @@ def reference_rows(
 ) -> torch.Tensor:
     """Float32 attention of the given query rows, ``[rows, Hq, D]`` in the
     order of ``token_indices(rows)``, from the dequantized inputs hpc reads."""
-    hq, hkv = case.heads
     shape = case.shape
-    group = hq // hkv
     k_scale = K_SCALE if case.fp8 else 1.0
     v_scale = V_SCALE if case.fp8 else 1.0
     before = shape.kv_len - shape.q_len
@@ -745,13 +744,8 @@ def reference_rows(
         q = s.q[idx].float()
         if s.q_scale is not None:
             q = q * s.q_scale[idx].float()[..., None]
-        q = q.view(len(local), hkv, group, HEAD_SIZE)
-        scores = torch.einsum("rhgd,nhd->hgrn", q, k) * SCALE
-        pos = torch.arange(shape.kv_len, device=scores.device)
-        limit = before + torch.tensor(local, device=scores.device)
-        scores.masked_fill_(pos[None, :] > limit[:, None], float("-inf"))
-        out = torch.einsum("hgrn,nhd->rhgd", scores.softmax(dim=-1), v)
-        refs.append(out.reshape(len(local), hq, HEAD_SIZE))
+        limit = before + torch.tensor(local, device=q.device)
+        refs.append(causal_attention_rows(q, k, v, limit, SCALE))
     return torch.cat(refs)
 
 
