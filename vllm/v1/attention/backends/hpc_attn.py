@@ -169,11 +169,13 @@ class HpcAttnMetadata(AttentionMetadata):
     # Written by the prologue of a layer and consumed (then reset) by the
     # attention of the same layer, before the next layer's prologue runs.
     hpc_kv_written: bool = False
-    """The prologue already wrote this layer's K/V into the cache."""
+    """The prologue already wrote this layer's K/V into the cache, so
+    ``do_kv_cache_update`` skips the layer."""
     hpc_decode_q_scale: torch.Tensor | None = None
     """FP8 Q scales of the decode rows. [num_decode_tokens, num_heads]"""
     hpc_prefill_q_scale: torch.Tensor | None = None
-    """FP8 Q scales of the prefill rows. [num_prefill_tokens, num_heads]"""
+    """FP8 Q scales from the first prefill row on, [>= num_prefill_tokens,
+    num_heads] (the prologue also covers padding rows)."""
     hpc_split_k_flag: torch.Tensor | None = None
     """Always None: the decode planner decides the KV split."""
     hpc_q_scale_buffer: torch.Tensor | None = None
