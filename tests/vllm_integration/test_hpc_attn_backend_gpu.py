@@ -575,3 +575,93 @@ def test_fusion_hooks_match_reference(kv_cache_dtype: str, variant: str):
         k_read, v_read = k_read * layer._k_scale, v_read * layer._v_scale
     assert_close(k_read, ref.k[real], rtol, f"{variant} k")
     assert_close(v_read, ref.v[real], rtol, f"{variant} v")
+
+
+# ---------------------------------------------------------------------------
+# FULL CUDA graph: captured once, replayed after build() planned a new step
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_spec", [0, 2])
+def test_full_graph_replays_the_next_steps_plan(tmp_path: Path, num_spec: int):
+    dql = num_spec + 1
+    num_reqs = 6
+    long_lens = (
+        (3000, 65, 700, 1, 128, 4100) if dql == 1 else (3000, 65, 700, 3, 128, 4100)
+    )
+    case = Case(
+        f"graph-q{dql}",
+        (dql,) * num_reqs,
+        long_lens,
+        "fp8_e4m3",
+        num_spec=num_spec,
+    )
+    rng = random.Random(case.name)
+    gen = torch.Generator().manual_seed(11)
+    k_scale = torch.tensor(0.02, device=DEVICE)
+    v_scale = torch.tensor(0.03, device=DEVICE)
+    # Every key of the longer step is in the cache; the capture step sees a
+    # shorter prefix of each sequence.
+    batch = _make_batch(case, rng, k_scale, v_scale)
+    short_lens = [max(dql, s // 3) for s in long_lens]
+    config = _vllm_config(tmp_path, case)
+    with set_current_vllm_config(config):
+        builder = hpc_attn.HpcAttnMetadataBuilder(
+            _spec(case, case.block_size), [], config, torch.device(DEVICE)
+        )
+        impl = hpc_attn.HpcAttentionImpl(
+            case.num_heads,
+            case.head_size,
+            case.head_size**-0.5,
+            case.num_kv_heads,
+            None,
+            None,
+            case.kv_cache_dtype,
+        )
+    layer = types.SimpleNamespace(
+        layer_name="graph", _k_scale=k_scale, _v_scale=v_scale
+    )
+    common = batch.common
+    persistent_lens = common.seq_lens  # the runner's persistent buffer
+    persistent_lens.copy_(torch.tensor(short_lens, dtype=torch.int32))
+    md_capture = builder.build_for_cudagraph_capture(common)
+    assert md_capture.num_decodes == num_reqs and md_capture.decode_query_len == dql
+
+    num_tokens = num_reqs * dql
+    query, _ = _queries(case, num_tokens, gen)
+    output = torch.zeros(num_tokens, case.num_heads, case.head_size, dtype=BF16)
+    output = output.to(DEVICE)
+
+    def step(md) -> None:
+        impl.forward(layer, query, None, None, batch.kv_cache, md, output)
+
+    if DEVICE == "cuda":
+        step(md_capture)  # warm-up outside the graph
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(md_capture)
+    # The next step: new lengths in the same buffers, planned by build().
+    persistent_lens.copy_(torch.tensor(long_lens, dtype=torch.int32))
+    md_next = builder.build(0, common)
+    assert md_next.decode_seq_lens.data_ptr() == md_capture.decode_seq_lens.data_ptr()
+    assert md_next.decode_workspace is md_capture.decode_workspace
+    output.fill_(float("nan"))
+    if DEVICE == "cuda":
+        graph.replay()
+        torch.cuda.synchronize()
+    else:
+        step(md_next)
+
+    lens = [(dql, s) for s in long_lens]
+    ref = reference_prefill(
+        query,
+        batch.key_cache,
+        batch.value_cache,
+        batch.block_table,
+        lens,
+        scale=case.head_size**-0.5,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    check_prefill(output.double(), ref, lens, fp8=True, what=case.name)
