@@ -98,6 +98,45 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
+def default_dtypes(
+    kv_dtype: torch.dtype,
+    q_dtype: torch.dtype | None,
+    out_dtype: torch.dtype | None,
+    scale: float | None,
+    head_size: int,
+) -> tuple[torch.dtype, torch.dtype, float]:
+    """``(q_dtype, out_dtype, scale)`` with the builders' defaults: the
+    query dtype is the cache's (bf16 for an FP8 cache), the output dtype the
+    query's (bf16 for FP8 queries), the scale ``1 / sqrt(head_size)``."""
+    if q_dtype is None:
+        q_dtype = torch.bfloat16 if kv_dtype == FP8_DTYPE else kv_dtype
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if q_dtype == FP8_DTYPE else q_dtype
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_size)
+    return q_dtype, out_dtype, scale
+
+
+def quantize_queries(q_full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 queries and their per-(token, head) scales ``amax / 448``."""
+    q_scale = (q_full.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
+    return quantize_fp8(q_full, q_scale.unsqueeze(-1)), q_scale
+
+
+def check_whole(
+    out: torch.Tensor, ref: torch.Tensor, *, fp8: bool, prefix: str
+) -> tuple[ErrorStats, float]:
+    """Fail unless ``out`` is finite and within the relative and absolute
+    bars of ``ref`` over the whole output; its error stats and the
+    relative bar (for the per-sequence checks)."""
+    rtol, atol = (FP8_RTOL, FP8_ATOL) if fp8 else (RTOL, ATOL)
+    stats = error_stats(out, ref)
+    assert stats.finite, f"{prefix}NaN or Inf in the output ({stats})"
+    assert stats.rel <= rtol, f"{prefix}{stats} exceeds rtol={rtol:g}"
+    assert stats.max_abs <= atol, f"{prefix}{stats} exceeds atol={atol:g}"
+    return stats, rtol
+
+
 def gather_sequence(
     cache: torch.Tensor, block_row: torch.Tensor, length: int
 ) -> torch.Tensor:
@@ -214,8 +253,63 @@ def make_kv_cache(
     return (kv,), key_cache, value_cache
 
 
+class PagedInputs:
+    """What the decode and prefill inputs share: the sizes read off their
+    tensors, the NaN output and the copy into another set of inputs."""
+
+    lens: list
+    q: torch.Tensor
+    q_scale: torch.Tensor | None
+    key_cache: torch.Tensor
+    k_scale: torch.Tensor | None
+    v_scale: torch.Tensor | None
+    out: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return len(self.lens)
+
+    @property
+    def num_q_heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.key_cache.shape[2]
+
+    @property
+    def fp8(self) -> bool:
+        """FP8 anywhere (cache or queries): the looser accuracy bars."""
+        return FP8_DTYPE in (self.key_cache.dtype, self.q.dtype)
+
+    def poison_out(self) -> None:
+        self.out.fill_(float("nan"))
+
+    def copy_tensors_into(
+        self,
+        other: PagedInputs,
+        pairs: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> None:
+        """Copy ``(dst, src)`` ``pairs`` and the scales into ``other``'s
+        tensors (same shapes and dtypes); ``other.lens`` follows."""
+        for name in ("q_scale", "k_scale", "v_scale"):
+            dst, src = getattr(other, name), getattr(self, name)
+            if (dst is None) != (src is None):
+                raise ValueError(f"{name} is set on one side only")
+            if dst is not None:
+                pairs.append((dst, src))
+        for dst, src in pairs:
+            if dst.shape != src.shape or dst.dtype != src.dtype:
+                raise ValueError(
+                    f"shape/dtype mismatch: {tuple(dst.shape)} {dst.dtype} vs "
+                    f"{tuple(src.shape)} {src.dtype}"
+                )
+            raw_view(dst).copy_(raw_view(src))
+        other.lens = list(self.lens)
+
+
 @dataclasses.dataclass
-class DecodeInputs:
+class DecodeInputs(PagedInputs):
     """Everything ``decode_attention`` takes, plus what built it."""
 
     lens: list[int]
@@ -236,18 +330,6 @@ class DecodeInputs:
     layout: CacheLayout
 
     @property
-    def batch(self) -> int:
-        return len(self.lens)
-
-    @property
-    def num_q_heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.key_cache.shape[2]
-
-    @property
     def head_size(self) -> int:
         return self.key_cache.shape[3]
 
@@ -258,11 +340,6 @@ class DecodeInputs:
     @property
     def num_blocks(self) -> int:
         return self.key_cache.shape[0]
-
-    @property
-    def fp8(self) -> bool:
-        """FP8 anywhere (cache or queries): the looser accuracy bars."""
-        return FP8_DTYPE in (self.key_cache.dtype, self.q.dtype)
 
     def workspace_kwargs(self) -> dict[str, object]:
         """``DecodeWorkspace.create`` arguments sized for these inputs."""
@@ -298,9 +375,6 @@ class DecodeInputs:
             "softcap": self.softcap,
         }
 
-    def poison_out(self) -> None:
-        self.out.fill_(float("nan"))
-
     def reference(self) -> torch.Tensor:
         return reference_decode(
             self.q,
@@ -326,20 +400,7 @@ class DecodeInputs:
             (other.kv_lens, self.kv_lens),
             *zip(other.storage, self.storage, strict=True),
         ]
-        for name in ("q_scale", "k_scale", "v_scale"):
-            dst, src = getattr(other, name), getattr(self, name)
-            if (dst is None) != (src is None):
-                raise ValueError(f"{name} is set on one side only")
-            if dst is not None:
-                pairs.append((dst, src))
-        for dst, src in pairs:
-            if dst.shape != src.shape or dst.dtype != src.dtype:
-                raise ValueError(
-                    f"shape/dtype mismatch: {tuple(dst.shape)} {dst.dtype} vs "
-                    f"{tuple(src.shape)} {src.dtype}"
-                )
-            raw_view(dst).copy_(raw_view(src))
-        other.lens = list(self.lens)
+        self.copy_tensors_into(other, pairs)
 
 
 def make_decode_inputs(
@@ -376,10 +437,9 @@ def make_decode_inputs(
     if any(0 < n < query_tokens for n in lens):
         raise ValueError(f"a non-empty sequence is shorter than {query_tokens} queries")
     device = torch.device(device)
-    q_dtype = q_dtype or (torch.bfloat16 if kv_dtype == FP8_DTYPE else kv_dtype)
-    out_dtype = out_dtype or (torch.bfloat16 if q_dtype == FP8_DTYPE else q_dtype)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_size)
+    q_dtype, out_dtype, scale = default_dtypes(
+        kv_dtype, q_dtype, out_dtype, scale, head_size
+    )
     host_gen = torch.Generator().manual_seed(seed)
     dev_gen = torch.Generator(device=device).manual_seed(seed)
 
@@ -442,8 +502,7 @@ def make_decode_inputs(
     q_full = randn(tokens, num_q_heads, head_size)
     q_scale = None
     if q_dtype == FP8_DTYPE:
-        q_scale = (q_full.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
-        q = quantize_fp8(q_full, q_scale.unsqueeze(-1))
+        q, q_scale = quantize_queries(q_full)
     else:
         q = q_full.to(q_dtype)
     out = torch.full(
@@ -487,11 +546,7 @@ def check_decode(
     over the whole output and over each sequence's rows, and the largest
     absolute error. Sequences of length 0 must be exactly zero."""
     prefix = f"{what}: " if what else ""
-    rtol, atol = (FP8_RTOL, FP8_ATOL) if fp8 else (RTOL, ATOL)
-    stats = error_stats(out, ref)
-    assert stats.finite, f"{prefix}NaN or Inf in the output ({stats})"
-    assert stats.rel <= rtol, f"{prefix}{stats} exceeds rtol={rtol:g}"
-    assert stats.max_abs <= atol, f"{prefix}{stats} exceeds atol={atol:g}"
+    stats, rtol = check_whole(out, ref, fp8=fp8, prefix=prefix)
     for b, length in enumerate(lens):
         rows = slice(b * query_tokens, (b + 1) * query_tokens)
         if length <= 0:

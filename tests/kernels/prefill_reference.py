@@ -31,21 +31,19 @@ torch only).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 
 import torch
 from decode_reference import (
-    ATOL,
-    FP8_ATOL,
     FP8_DTYPE,
     FP8_MAX,
-    FP8_RTOL,
-    RTOL,
     CacheLayout,
+    PagedInputs,
+    check_whole,
+    default_dtypes,
     make_decode_inputs,
     quantize_fp8,
-    raw_view,
+    quantize_queries,
     reference_decode,
 )
 from rope_norm_reference import ErrorStats, error_stats
@@ -138,7 +136,7 @@ def reference_prefill(
 
 
 @dataclasses.dataclass
-class PrefillInputs:
+class PrefillInputs(PagedInputs):
     """Everything ``prefill_attention`` takes, plus what built it."""
 
     lens: list[tuple[int, int]]  # (q_len, kv_len) per request
@@ -159,25 +157,8 @@ class PrefillInputs:
     layout: CacheLayout
 
     @property
-    def batch(self) -> int:
-        return len(self.lens)
-
-    @property
     def num_tokens(self) -> int:
         return self.q.shape[0]
-
-    @property
-    def num_q_heads(self) -> int:
-        return self.q.shape[1]
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.key_cache.shape[2]
-
-    @property
-    def fp8(self) -> bool:
-        """FP8 anywhere (cache or queries): the looser accuracy bars."""
-        return FP8_DTYPE in (self.key_cache.dtype, self.q.dtype)
 
     def workspace_kwargs(
         self, spare_tokens: int = 0, spare_batch: int = 0
@@ -213,9 +194,6 @@ class PrefillInputs:
             "window": self.window,
         }
 
-    def poison_out(self) -> None:
-        self.out.fill_(float("nan"))
-
     def reference(self) -> torch.Tensor:
         return reference_prefill(
             self.q,
@@ -247,20 +225,7 @@ class PrefillInputs:
             (other.seq_lens, self.seq_lens),
             *zip(other.storage, self.storage, strict=True),
         ]
-        for name in ("q_scale", "k_scale", "v_scale"):
-            dst, src = getattr(other, name), getattr(self, name)
-            if (dst is None) != (src is None):
-                raise ValueError(f"{name} is set on one side only")
-            if dst is not None:
-                pairs.append((dst, src))
-        for dst, src in pairs:
-            if dst.shape != src.shape or dst.dtype != src.dtype:
-                raise ValueError(
-                    f"shape/dtype mismatch: {tuple(dst.shape)} {dst.dtype} vs "
-                    f"{tuple(src.shape)} {src.dtype}"
-                )
-            raw_view(dst).copy_(raw_view(src))
-        other.lens = list(self.lens)
+        self.copy_tensors_into(other, pairs)
 
 
 def make_prefill_inputs(
@@ -298,12 +263,9 @@ def make_prefill_inputs(
         if not 1 <= q_len <= kv_len:
             raise ValueError(f"request ({q_len}, {kv_len}): need 1 <= q_len <= kv_len")
     device = torch.device(device)
-    if q_dtype is None:
-        q_dtype = torch.bfloat16 if kv_dtype == FP8_DTYPE else kv_dtype
-    if out_dtype is None:
-        out_dtype = torch.bfloat16 if q_dtype == FP8_DTYPE else q_dtype
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_size)
+    q_dtype, out_dtype, scale = default_dtypes(
+        kv_dtype, q_dtype, out_dtype, scale, head_size
+    )
 
     cache = make_decode_inputs(
         [kv_len for _, kv_len in lens],
@@ -325,8 +287,7 @@ def make_prefill_inputs(
     q_full = torch.randn(tokens, num_q_heads, head_size, generator=gen, device=device)
     q_scale = None
     if q_dtype == FP8_DTYPE:
-        q_scale = (q_full.abs().amax(dim=-1) / FP8_MAX).clamp_min(1e-12)
-        q = quantize_fp8(q_full, q_scale.unsqueeze(-1))
+        q, q_scale = quantize_queries(q_full)
     elif kv_dtype == FP8_DTYPE:
         q = on_fp8_grid(q_full).to(q_dtype)
     else:
@@ -375,14 +336,10 @@ def check_prefill(
     Frobenius error over the whole output and over each request's rows
     (1e-2, or 3e-2 with FP8), and the largest absolute error."""
     prefix = f"{what}: " if what else ""
-    rtol, atol = (FP8_RTOL, FP8_ATOL) if fp8 else (RTOL, ATOL)
     assert out.shape == ref.shape, (
         f"{prefix}out shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
     )
-    stats = error_stats(out, ref)
-    assert stats.finite, f"{prefix}NaN or Inf in the output ({stats})"
-    assert stats.rel <= rtol, f"{prefix}{stats} exceeds rtol={rtol:g}"
-    assert stats.max_abs <= atol, f"{prefix}{stats} exceeds atol={atol:g}"
+    stats, rtol = check_whole(out, ref, fp8=fp8, prefix=prefix)
     start = 0
     for b, (q_len, kv_len) in enumerate(lens):
         rows = slice(start, start + q_len)
