@@ -18,7 +18,8 @@ with small CTA counts. Plus: the GPU planner is bitwise equal to the host
 planner, CUDA-graph capture and replay with new lengths, batch invariance of
 the batch-invariant mode, and empty sequences.
 
-Imports only torch, the references and ``vllm._hpc_ops``.
+Imports only torch, the references, ``attention_cases`` and
+``vllm._hpc_ops``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,22 @@ import random
 
 import pytest
 import torch
+from attention_cases import (
+    BF16,
+    BLOCK_SIZES,
+    DTYPE_NAMES,
+    FP16,
+    HEAD_SIZES,
+    HEADS,
+    LAYOUTS,
+    RATIOS,
+    build_kwargs,
+    capture_graph,
+    head_grid_cases,
+    option_id_parts,
+    params,
+    run_and_check,
+)
 from decode_reference import (
     FP8_DTYPE,
     CacheLayout,
@@ -49,22 +66,11 @@ from vllm._hpc_ops import (
 
 pytestmark = pytest.mark.gpu
 
-BF16 = torch.bfloat16
-FP16 = torch.float16
-HEAD_SIZES = (64, 128, 256)
-BLOCK_SIZES = (16, 32, 64)
-LAYOUTS = (CacheLayout.SEPARATE, CacheLayout.STACKED, CacheLayout.HPC)
-# GQA ratio -> (Hq, Hkv): two KV heads, so units of both heads interleave.
-RATIOS = (1, 4, 5, 8, 16)
-HEADS = {r: (2 * r, 2) for r in RATIOS}
-
 _rng = random.Random(20240611)
 MIXED = (1, 63, 64, 65, 700, 2049)
 RANDOM_32 = tuple(_rng.randint(4, 5000) for _ in range(32))
 RANDOM_12 = tuple(_rng.randint(4, 3000) for _ in range(12))
 LONG = 131072
-
-_DTYPE_NAMES = {BF16: "bf16", FP16: "fp16", FP8_DTYPE: "fp8"}
 
 
 def _lens_id(lens: tuple[int, ...]) -> str:
@@ -103,19 +109,10 @@ class Case:
             f"d{self.head_size}",
             f"b{self.block_size}",
             f"q{self.query_tokens}",
-            f"kv-{_DTYPE_NAMES[self.kv_dtype]}",
+            f"kv-{DTYPE_NAMES[self.kv_dtype]}",
             self.layout.value,
+            *option_id_parts(self),
         ]
-        if self.q_dtype is not None:
-            parts.append(f"q-{_DTYPE_NAMES[self.q_dtype]}")
-        if self.out_dtype is not None:
-            parts.append(f"out-{_DTYPE_NAMES[self.out_dtype]}")
-        if self.window:
-            parts.append(f"win{self.window}")
-        if self.softcap:
-            parts.append(f"cap{self.softcap:g}")
-        if self.scale is not None:
-            parts.append(f"scale{self.scale:g}")
         if self.mode == SplitMode.BATCH_INVARIANT:
             parts.append(f"inv{self.fixed_split_len}")
         elif self.mode == SplitMode.STATIC:
@@ -131,22 +128,8 @@ class Case:
         return "-".join(parts)
 
     def build(self, seed: int = 0, **overrides: object) -> DecodeInputs:
-        kwargs: dict[str, object] = dict(
-            num_q_heads=self.heads[0],
-            num_kv_heads=self.heads[1],
-            head_size=self.head_size,
-            block_size=self.block_size,
-            kv_dtype=self.kv_dtype,
-            q_dtype=self.q_dtype,
-            out_dtype=self.out_dtype,
-            query_tokens=self.query_tokens,
-            layout=self.layout,
-            scale=self.scale,
-            softcap=self.softcap,
-            window=self.window,
-            seed=seed,
-            device="cuda",
-        )
+        kwargs = build_kwargs(self, seed)
+        kwargs["query_tokens"] = self.query_tokens
         kwargs.update(overrides)
         lens = kwargs.pop("lens", self.lens)
         return make_decode_inputs(lens, **kwargs)  # type: ignore[arg-type]
@@ -184,13 +167,12 @@ def _check(inputs: DecodeInputs, what: str) -> None:
 def _run_and_check(case: Case, seed: int = 0) -> DecodeInputs:
     inputs = case.build(seed=seed)
     ws = case.workspace(inputs)
-    q_before = inputs.q.clone()
-    inputs.poison_out()
-    _run(inputs, ws)
-    torch.cuda.synchronize()
-    assert bitwise_equal(inputs.q, q_before), f"{case.id}: q changed"
-    _check(inputs, case.id)
-    return inputs
+    return run_and_check(
+        inputs,
+        case.id,
+        lambda: _run(inputs, ws),
+        lambda what: _check(inputs, what),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -230,17 +212,7 @@ def _length_cases() -> list[Case]:
 def _shape_cases() -> list[Case]:
     """Every head size x GQA ratio, cycling block sizes, layouts and dtypes;
     plus other KV head counts."""
-    cases = []
-    for i, (head_size, ratio) in enumerate(itertools.product(HEAD_SIZES, RATIOS)):
-        cases.append(
-            Case(
-                heads=HEADS[ratio],
-                head_size=head_size,
-                block_size=BLOCK_SIZES[i % 3],
-                layout=LAYOUTS[(i // 3) % 3],
-                kv_dtype=(BF16, FP16)[i % 2],
-            )
-        )
+    cases = head_grid_cases(Case)
     for i, heads in enumerate(((8, 1), (64, 8), (40, 8), (4, 4))):
         cases.append(
             Case(
@@ -385,36 +357,32 @@ def _mode_cases() -> list[Case]:
     return cases
 
 
-def _params(cases: list[Case]) -> list[object]:
-    return [pytest.param(case, id=case.id) for case in cases]
-
-
-@pytest.mark.parametrize("case", _params(_length_cases()))
+@pytest.mark.parametrize("case", params(_length_cases()))
 def test_lengths(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_shape_cases()))
+@pytest.mark.parametrize("case", params(_shape_cases()))
 def test_shapes(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_query_token_cases()))
+@pytest.mark.parametrize("case", params(_query_token_cases()))
 def test_query_tokens(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_fp8_cases()))
+@pytest.mark.parametrize("case", params(_fp8_cases()))
 def test_fp8(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_feature_cases()))
+@pytest.mark.parametrize("case", params(_feature_cases()))
 def test_window_softcap_scale(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_mode_cases()))
+@pytest.mark.parametrize("case", params(_mode_cases()))
 def test_split_modes(case: Case) -> None:
     _run_and_check(case)
 
@@ -442,7 +410,7 @@ _EMPTY_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", _params(_EMPTY_CASES))
+@pytest.mark.parametrize("case", params(_EMPTY_CASES))
 def test_empty_sequences(case: Case) -> None:
     """Sequences of KV length 0 get zeros; the others are still right
     (check_decode requires exact zeros for them)."""
@@ -600,7 +568,7 @@ _GRAPH_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", _params(_GRAPH_CASES))
+@pytest.mark.parametrize("case", params(_GRAPH_CASES))
 def test_cuda_graph_replay(case: Case) -> None:
     """Capture ws.plan + decode_attention once, then replay with new
     lengths (the plan changes shape), queries and cache contents."""
@@ -611,16 +579,7 @@ def test_cuda_graph_replay(case: Case) -> None:
     static = case.build(seed=0, **shape)
     ws = case.workspace(static)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        _run(static, ws)  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _run(static, ws)
+    graph = capture_graph(lambda: _run(static, ws))
 
     q = case.query_tokens
     replays = [
@@ -698,7 +657,7 @@ def _subset(inputs: DecodeInputs, order: list[int]) -> DecodeInputs:
     )
 
 
-@pytest.mark.parametrize("case", _params(_INVARIANCE_CASES))
+@pytest.mark.parametrize("case", params(_INVARIANCE_CASES))
 def test_batch_invariance(case: Case) -> None:
     """A sequence's output rows are bitwise the same alone and batched with
     other random sequences (two batches, the sequence at different

@@ -21,7 +21,8 @@ scales; mixed batches of short and long requests; outputs of the other
 unchecked forms write the same bits, and CUDA-graph capture of plan and
 attention replayed with new lengths in the same buffers.
 
-Imports only torch, the references and ``vllm._hpc_ops``.
+Imports only torch, the references, ``attention_cases`` and
+``vllm._hpc_ops``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,22 @@ import zlib
 
 import pytest
 import torch
+from attention_cases import (
+    BF16,
+    BLOCK_SIZES,
+    DTYPE_NAMES,
+    FP16,
+    HEAD_SIZES,
+    HEADS,
+    LAYOUTS,
+    RATIOS,
+    build_kwargs,
+    capture_graph,
+    head_grid_cases,
+    option_id_parts,
+    params,
+    run_and_check,
+)
 from decode_reference import FP8_DTYPE, CacheLayout, bitwise_equal
 from prefill_reference import PrefillInputs, make_prefill_inputs
 
@@ -44,19 +61,8 @@ from vllm._hpc_ops import (
 
 pytestmark = pytest.mark.gpu
 
-BF16 = torch.bfloat16
-FP16 = torch.float16
-HEAD_SIZES = (64, 128, 256)
-BLOCK_SIZES = (16, 32, 64)
-LAYOUTS = (CacheLayout.SEPARATE, CacheLayout.STACKED, CacheLayout.HPC)
-# GQA ratio -> (Hq, Hkv): two KV heads, so tiles of both heads interleave.
-RATIOS = (1, 4, 5, 8, 16)
-HEADS = {r: (2 * r, 2) for r in RATIOS}
-
 Q_LENS = (1, 63, 64, 65, 127, 128, 129, 1000, 4097)
 CONTEXTS = (0, 1, 2048)
-
-_DTYPE_NAMES = {BF16: "bf16", FP16: "fp16", FP8_DTYPE: "fp8"}
 
 Lens = tuple[tuple[int, int], ...]
 
@@ -124,19 +130,10 @@ class Case:
             f"h{self.heads[0]}x{self.heads[1]}",
             f"d{self.head_size}",
             f"b{self.block_size}",
-            f"kv-{_DTYPE_NAMES[self.kv_dtype]}",
+            f"kv-{DTYPE_NAMES[self.kv_dtype]}",
             self.layout.value,
+            *option_id_parts(self),
         ]
-        if self.q_dtype is not None:
-            parts.append(f"q-{_DTYPE_NAMES[self.q_dtype]}")
-        if self.out_dtype is not None:
-            parts.append(f"out-{_DTYPE_NAMES[self.out_dtype]}")
-        if self.window:
-            parts.append(f"win{self.window}")
-        if self.softcap:
-            parts.append(f"cap{self.softcap:g}")
-        if self.scale is not None:
-            parts.append(f"scale{self.scale:g}")
         if self.spare_tokens or self.spare_batch:
             parts.append(f"spare{self.spare_tokens}x{self.spare_batch}")
         return "-".join(parts)
@@ -147,21 +144,7 @@ class Case:
         return zlib.crc32(self.id.encode())
 
     def build(self, seed: int | None = None, **overrides: object) -> PrefillInputs:
-        kwargs: dict[str, object] = dict(
-            num_q_heads=self.heads[0],
-            num_kv_heads=self.heads[1],
-            head_size=self.head_size,
-            block_size=self.block_size,
-            kv_dtype=self.kv_dtype,
-            q_dtype=self.q_dtype,
-            out_dtype=self.out_dtype,
-            layout=self.layout,
-            scale=self.scale,
-            softcap=self.softcap,
-            window=self.window,
-            seed=self.seed if seed is None else seed,
-            device="cuda",
-        )
+        kwargs = build_kwargs(self, self.seed if seed is None else seed)
         kwargs.update(overrides)
         lens = kwargs.pop("lens", self.lens)
         return make_prefill_inputs(lens, **kwargs)  # type: ignore[arg-type]
@@ -185,13 +168,12 @@ def _check(inputs: PrefillInputs, what: str) -> None:
 def _run_and_check(case: Case) -> PrefillInputs:
     inputs = case.build()
     ws = case.workspace(inputs)
-    q_before = inputs.q.clone()
-    inputs.poison_out()
-    _run(inputs, ws)
-    torch.cuda.synchronize()
-    assert bitwise_equal(inputs.q, q_before), f"{case.id}: q changed"
-    _check(inputs, case.id)
-    return inputs
+    return run_and_check(
+        inputs,
+        case.id,
+        lambda: _run(inputs, ws),
+        lambda what: _check(inputs, what),
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -249,18 +231,7 @@ _CHUNK_CASES = [
 
 def _shape_cases() -> list[Case]:
     """Every head size x GQA ratio, cycling block sizes, layouts and dtypes."""
-    cases = []
-    for i, (head_size, ratio) in enumerate(itertools.product(HEAD_SIZES, RATIOS)):
-        cases.append(
-            Case(
-                heads=HEADS[ratio],
-                head_size=head_size,
-                block_size=BLOCK_SIZES[i % 3],
-                layout=LAYOUTS[(i // 3) % 3],
-                kv_dtype=(BF16, FP16)[i % 2],
-            )
-        )
-    return cases
+    return head_grid_cases(Case)
 
 
 def _fp8_cases() -> list[Case]:
@@ -370,41 +341,37 @@ _OUT_DTYPE_CASES = [
 ]
 
 
-def _params(cases: list[Case]) -> list[object]:
-    return [pytest.param(case, id=case.id) for case in cases]
-
-
-@pytest.mark.parametrize("case", _params(_length_cases()))
+@pytest.mark.parametrize("case", params(_length_cases()))
 def test_query_lengths(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_CHUNK_CASES))
+@pytest.mark.parametrize("case", params(_CHUNK_CASES))
 def test_long_context_chunks(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_shape_cases()))
+@pytest.mark.parametrize("case", params(_shape_cases()))
 def test_shapes(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_fp8_cases()))
+@pytest.mark.parametrize("case", params(_fp8_cases()))
 def test_fp8(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_feature_cases()))
+@pytest.mark.parametrize("case", params(_feature_cases()))
 def test_window_softcap_scale(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_MIXED_CASES))
+@pytest.mark.parametrize("case", params(_MIXED_CASES))
 def test_mixed_batches(case: Case) -> None:
     _run_and_check(case)
 
 
-@pytest.mark.parametrize("case", _params(_OUT_DTYPE_CASES))
+@pytest.mark.parametrize("case", params(_OUT_DTYPE_CASES))
 def test_output_dtype(case: Case) -> None:
     _run_and_check(case)
 
@@ -425,7 +392,7 @@ _UNCHECKED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", _params(_UNCHECKED_CASES))
+@pytest.mark.parametrize("case", params(_UNCHECKED_CASES))
 def test_unchecked_matches_checked(case: Case) -> None:
     """The unchecked form writes the checked form's bits, and a second
     checked run writes them again (every tile is computed on its own, so
@@ -509,7 +476,7 @@ _GRAPH_CASES = [
 
 
 @pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
-@pytest.mark.parametrize("case", _params(_GRAPH_CASES))
+@pytest.mark.parametrize("case", params(_GRAPH_CASES))
 def test_cuda_graph_replay(case: Case, checked: bool) -> None:
     """Capture ws.plan + prefill_attention once, then replay with new
     lengths (the same batch and token count, split differently), queries,
@@ -523,16 +490,7 @@ def test_cuda_graph_replay(case: Case, checked: bool) -> None:
     assert static.batch == _GRAPH_BATCH and static.num_tokens == _GRAPH_TOKENS
     ws = case.workspace(static)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        _run(static, ws, checked)  # warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _run(static, ws, checked)
+    graph = capture_graph(lambda: _run(static, ws, checked))
 
     replays = [*_GRAPH_REPLAYS, _random_split(random.Random(case.seed))]
     for i, lens in enumerate(replays, start=1):
