@@ -3,7 +3,8 @@
 """What the decode and prefill GPU tests share: the axes their case grids
 cycle through, the option parts of a case id, the inputs' builder
 arguments, the head size x GQA ratio grid, the run-and-check of one case
-and the capture of a CUDA graph after a warm-up.
+and the capture of a CUDA graph after a warm-up; and the cache arguments the
+validation of every attention op rejects.
 
 Imports only torch and the references.
 """
@@ -118,3 +119,49 @@ def capture_graph(run: Callable[[], None]) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         run()
     return graph
+
+
+def cache_argument_cases(
+    with_args: Callable[..., dict],
+    cache: Callable[..., torch.Tensor],
+    blocks: int,
+    block_size: int,
+    kv_heads: int,
+    head_size: int,
+) -> dict[str, tuple[dict, str]]:
+    """Validation cases ``name -> (arguments, error pattern)`` of the K/V
+    cache arguments: ``with_args(**changes)`` gives an op's arguments with
+    ``changes``, ``cache(shape, dtype)`` a cache tensor of the baseline
+    ``[blocks, block_size, kv_heads, head_size]``."""
+    return {
+        "block-size": (
+            with_args(
+                key_cache=cache((blocks, 8, kv_heads, head_size)),
+                value_cache=cache((blocks, 8, kv_heads, head_size)),
+            ),
+            "block_size",
+        ),
+        "cache-dtype": (
+            with_args(
+                key_cache=cache(dtype=torch.float32),
+                value_cache=cache(dtype=torch.float32),
+            ),
+            "key_cache has dtype",
+        ),
+        "cache-dtype-mismatch": (
+            with_args(value_cache=cache(dtype=torch.float16)),
+            "value_cache dtype",
+        ),
+        "cache-shape-mismatch": (
+            with_args(value_cache=cache((blocks, block_size, kv_heads * 2, head_size))),
+            "must match",
+        ),
+        "cache-not-contiguous-in-d": (
+            with_args(
+                key_cache=cache((blocks, block_size, head_size, kv_heads)).transpose(
+                    2, 3
+                )
+            ),
+            "key_cache must be contiguous",
+        ),
+    }

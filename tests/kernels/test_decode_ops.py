@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from attention_cases import cache_argument_cases
 from rope_norm_reference import import_hpc_ops
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -132,32 +133,7 @@ BAD_CASES = {
         ),
         "head_size",
     ),
-    "block-size": (
-        _with(
-            key_cache=_cache((BLOCKS, 8, HKV, D)),
-            value_cache=_cache((BLOCKS, 8, HKV, D)),
-        ),
-        "block_size",
-    ),
-    "cache-dtype": (
-        _with(
-            key_cache=_cache(dtype=torch.float32),
-            value_cache=_cache(dtype=torch.float32),
-        ),
-        "key_cache has dtype",
-    ),
-    "cache-dtype-mismatch": (
-        _with(value_cache=_cache(dtype=torch.float16)),
-        "value_cache dtype",
-    ),
-    "cache-shape-mismatch": (
-        _with(value_cache=_cache((BLOCKS, BS, HKV * 2, D))),
-        "must match",
-    ),
-    "cache-not-contiguous-in-d": (
-        _with(key_cache=_cache((BLOCKS, BS, D, HKV)).transpose(2, 3)),
-        "key_cache must be contiguous",
-    ),
+    **cache_argument_cases(_with, _cache, BLOCKS, BS, HKV, D),
     "block-table-dtype": (
         _with(block_table=torch.empty(BATCH, 16, dtype=torch.int64, device=META)),
         "block_table has dtype",
