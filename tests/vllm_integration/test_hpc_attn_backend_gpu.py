@@ -55,8 +55,9 @@ hpc_attn = pytest.importorskip(
     "vllm.v1.attention.backends.hpc_attn", reason="vLLM has no hpc_attn module"
 )
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-if not Path(hpc_attn.__file__).resolve().is_relative_to(_REPO_ROOT):
+# Upstream's module (built on the external ``hpc`` package) has no
+# unchecked decode op; this patch set's does, wherever the tests are placed.
+if not hasattr(hpc_attn, "decode_attention_unchecked"):
     pytest.skip(
         "the patch set is not applied to the installed vLLM "
         "(run tools/apply_patchset.py)",
