@@ -391,6 +391,17 @@ class DecodeInputs(PagedInputs):
             window=self.window,
         )
 
+    def check(self, what: str = "") -> ErrorStats:
+        """``out`` against the reference (``check_decode``)."""
+        return check_decode(
+            self.out,
+            self.reference(),
+            self.lens,
+            self.query_tokens,
+            fp8=self.fp8,
+            what=what,
+        )
+
     def copy_into(self, other: DecodeInputs) -> None:
         """Copy these inputs' contents into ``other``'s tensors (same shapes:
         for CUDA-graph replays). ``other.lens`` follows."""

@@ -44,6 +44,7 @@ from attention_cases import (
     head_grid_cases,
     option_id_parts,
     params,
+    print_check,
     run_and_check,
 )
 from decode_reference import (
@@ -51,7 +52,6 @@ from decode_reference import (
     CacheLayout,
     DecodeInputs,
     bitwise_equal,
-    check_decode,
     make_decode_inputs,
 )
 
@@ -152,27 +152,10 @@ def _run(inputs: DecodeInputs, ws: DecodeWorkspace) -> None:
     decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
 
-def _check(inputs: DecodeInputs, what: str) -> None:
-    stats = check_decode(
-        inputs.out,
-        inputs.reference(),
-        inputs.lens,
-        inputs.query_tokens,
-        fp8=inputs.fp8,
-        what=what,
-    )
-    print(what, stats)
-
-
 def _run_and_check(case: Case, seed: int = 0) -> DecodeInputs:
     inputs = case.build(seed=seed)
     ws = case.workspace(inputs)
-    return run_and_check(
-        inputs,
-        case.id,
-        lambda: _run(inputs, ws),
-        lambda what: _check(inputs, what),
-    )
+    return run_and_check(inputs, case.id, lambda: _run(inputs, ws))
 
 
 # ---------------------------------------------------------------------------
@@ -597,7 +580,7 @@ def test_cuda_graph_replay(case: Case) -> None:
         static.poison_out()
         graph.replay()
         torch.cuda.synchronize()
-        _check(static, f"{case.id} replay {seed} lens={lens}")
+        print_check(static, f"{case.id} replay {seed} lens={lens}")
 
 
 # ---------------------------------------------------------------------------
@@ -686,7 +669,7 @@ def test_batch_invariance(case: Case) -> None:
         sub.poison_out()
         _run(sub, ws)
         torch.cuda.synchronize()
-        _check(sub, f"{case.id} batch {order}")
+        print_check(sub, f"{case.id} batch {order}")
         pos = order.index(0)
         results.append(sub.out[pos * q : (pos + 1) * q])
     for order, rows in zip(batches[1:], results[1:], strict=True):

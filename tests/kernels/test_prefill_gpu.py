@@ -48,6 +48,7 @@ from attention_cases import (
     head_grid_cases,
     option_id_parts,
     params,
+    print_check,
     run_and_check,
 )
 from decode_reference import FP8_DTYPE, CacheLayout, bitwise_equal
@@ -160,20 +161,10 @@ def _run(inputs: PrefillInputs, ws: PrefillWorkspace, checked: bool = True) -> N
     attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
 
-def _check(inputs: PrefillInputs, what: str) -> None:
-    stats = inputs.check(what)
-    print(what, stats)
-
-
 def _run_and_check(case: Case) -> PrefillInputs:
     inputs = case.build()
     ws = case.workspace(inputs)
-    return run_and_check(
-        inputs,
-        case.id,
-        lambda: _run(inputs, ws),
-        lambda what: _check(inputs, what),
-    )
+    return run_and_check(inputs, case.id, lambda: _run(inputs, ws))
 
 
 # ---------------------------------------------------------------------------
@@ -499,4 +490,4 @@ def test_cuda_graph_replay(case: Case, checked: bool) -> None:
         static.poison_out()
         graph.replay()
         torch.cuda.synchronize()
-        _check(static, f"{case.id} replay {i} lens={list(lens)}")
+        print_check(static, f"{case.id} replay {i} lens={list(lens)}")
