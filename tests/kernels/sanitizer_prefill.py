@@ -26,54 +26,62 @@ import torch
 from decode_reference import FP8_DTYPE, CacheLayout
 from prefill_reference import make_prefill_inputs
 
-# Small, but each exercises a different path. "inputs" go to
-# make_prefill_inputs; "lens" are (q_len, kv_len) pairs, the first
-# kv_len - q_len keys being cached context.
+
+def _case(
+    name: str,
+    lens: list[tuple[int, int]],
+    heads: tuple[int, int],
+    head_size: int,
+    block_size: int,
+    **options: object,
+) -> dict[str, object]:
+    """A case whose ``inputs`` go to make_prefill_inputs: ``lens`` are
+    (q_len, kv_len) pairs, the first kv_len - q_len keys being cached
+    context; ``heads`` is (Hq, Hkv)."""
+    return dict(
+        name=name,
+        inputs=dict(
+            lens=lens,
+            num_q_heads=heads[0],
+            num_kv_heads=heads[1],
+            head_size=head_size,
+            block_size=block_size,
+            **options,
+        ),
+    )
+
+
+# Small, but each exercises a different path.
 CASES: list[dict[str, object]] = [
     # bf16, D=128, GQA 8 (16-token tiles), the smallest block; 1, 65 and 300
     # query tokens after contexts.
-    dict(
-        name="bf16-d128-gqa8-bs16",
-        inputs=dict(
-            lens=[(1, 100), (65, 65), (300, 700)],
-            num_q_heads=16,
-            num_kv_heads=2,
-            head_size=128,
-            block_size=16,
-        ),
-    ),
+    _case("bf16-d128-gqa8-bs16", [(1, 100), (65, 65), (300, 700)], (16, 2), 128, 16),
     # fp16, D=64, GQA 1, the largest block, HPC layout; sliding window and
     # soft-cap: the first key tiles of the long rows are skipped.
-    dict(
-        name="fp16-d64-gqa1-bs64-window-softcap",
-        inputs=dict(
-            lens=[(1, 150), (100, 600), (64, 64)],
-            num_q_heads=4,
-            num_kv_heads=4,
-            head_size=64,
-            block_size=64,
-            kv_dtype=torch.float16,
-            layout=CacheLayout.HPC,
-            window=100,
-            softcap=30.0,
-            scale=0.5,
-        ),
+    _case(
+        "fp16-d64-gqa1-bs64-window-softcap",
+        [(1, 150), (100, 600), (64, 64)],
+        (4, 4),
+        64,
+        64,
+        kv_dtype=torch.float16,
+        layout=CacheLayout.HPC,
+        window=100,
+        softcap=30.0,
+        scale=0.5,
     ),
     # FP8 cache and FP8 queries (per-token-per-head scales) into an fp16
     # output, D=256, GQA 5 (25 tokens in 125 rows), stacked K/V tensor.
-    dict(
-        name="fp8-kv-fp8-q-d256-gqa5-bs32",
-        inputs=dict(
-            lens=[(70, 70), (129, 200), (5, 300)],
-            num_q_heads=10,
-            num_kv_heads=2,
-            head_size=256,
-            block_size=32,
-            kv_dtype=FP8_DTYPE,
-            q_dtype=FP8_DTYPE,
-            out_dtype=torch.float16,
-            layout=CacheLayout.STACKED,
-        ),
+    _case(
+        "fp8-kv-fp8-q-d256-gqa5-bs32",
+        [(70, 70), (129, 200), (5, 300)],
+        (10, 2),
+        256,
+        32,
+        kv_dtype=FP8_DTYPE,
+        q_dtype=FP8_DTYPE,
+        out_dtype=torch.float16,
+        layout=CacheLayout.STACKED,
     ),
 ]
 
