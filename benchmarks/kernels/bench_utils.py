@@ -248,6 +248,15 @@ def causal_attention_rows(
     return out.reshape(rows, hq, d)
 
 
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||got - ref|| / ||ref||`` in float32; inf where ``got`` is not
+    finite."""
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return math.inf
+    return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref)).item()
+
+
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     diff = (a.float() - b.float()).abs()
     if not torch.isfinite(diff).all():
@@ -760,3 +769,27 @@ def run_flashinfer_hnd(
     v = kv[..., head_size:]
     wrapper.run(q, (k, v), out=out, **scales)
     return out
+
+
+def run_guarded(
+    workload: str,
+    name: str,
+    bench: Callable[[], tuple[list[dict[str, Any]], bool]],
+    failed: Callable[[str], dict[str, Any]],
+    records: list[dict[str, Any]],
+    started: float,
+) -> bool:
+    """Runs one case's ``bench`` (its records and whether they are sound);
+    an exception (e.g. out of memory) becomes the one record
+    ``failed(error)`` and the run goes on. Adds the records to ``records``,
+    prints the progress line and frees the cached memory; returns whether
+    the case is sound."""
+    try:
+        case_records, ok = bench()
+    except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
+        case_records = [failed(short_error(err))]
+        ok = False
+    records.extend(case_records)
+    print_progress(workload, name, case_records, started)
+    torch.cuda.empty_cache()
+    return ok

@@ -98,7 +98,9 @@ from bench_utils import (
     missing_baselines,
     print_progress,
     ratios_over,
+    relative_error,
     run_flashinfer_hnd,
+    run_guarded,
     short_error,
     time_graphs,
     time_impls,
@@ -580,11 +582,8 @@ def ref_seqs(case: Case) -> list[int]:
 
 
 def rel_error(out: torch.Tensor, refs: dict[int, torch.Tensor], q_tokens: int) -> float:
-    got = torch.cat([out[b * q_tokens : (b + 1) * q_tokens] for b in refs]).float()
-    ref = torch.cat(list(refs.values()))
-    if not torch.isfinite(got).all():
-        return math.inf
-    return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref)).item()
+    got = torch.cat([out[b * q_tokens : (b + 1) * q_tokens] for b in refs])
+    return relative_error(got, torch.cat(list(refs.values())))
 
 
 # ---------------------------------------------------------------------------
@@ -887,19 +886,21 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     sound = True
     for case in cases:
-        try:
-            case_records, ok = bench_case(case, env, opts)
-        except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
-            floor_us = case.floor_bytes() / (bandwidth * 1e3)
-            error = short_error(err)
-            case_records = [
-                make_record(case.workload, case.name, HPC, None, floor_us, error=error)
-            ]
-            ok = False
-        sound &= ok
-        records.extend(case_records)
-        print_progress(case.workload, case.name, case_records, started)
-        torch.cuda.empty_cache()
+        sound &= run_guarded(
+            case.workload,
+            case.name,
+            lambda case=case: bench_case(case, env, opts),
+            lambda error, case=case: make_record(
+                case.workload,
+                case.name,
+                HPC,
+                None,
+                case.floor_bytes() / (bandwidth * 1e3),
+                error=error,
+            ),
+            records,
+            started,
+        )
     for name, lengths in plans:
         case_records, ok = bench_plan(name, lengths, env, opts)
         sound &= ok

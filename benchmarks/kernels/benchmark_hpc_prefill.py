@@ -127,7 +127,9 @@ from bench_utils import (
     new_events,
     print_progress,
     ratios_over,
+    relative_error,
     run_flashinfer_hnd,
+    run_guarded,
     short_error,
     sleep_ahead,
     time_graphs,
@@ -753,13 +755,6 @@ def token_indices(shape: Shape, rows: dict[int, list[int]]) -> list[int]:
     return [b * shape.q_len + r for b, local in rows.items() for r in local]
 
 
-def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
-    got = got.float()
-    if not torch.isfinite(got).all():
-        return math.inf
-    return (torch.linalg.vector_norm(got - ref) / torch.linalg.vector_norm(ref)).item()
-
-
 # ---------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------
@@ -833,7 +828,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
         names,
         makers,
         sets[0],
-        lambda out, ref=ref: rel_error(out[picked], ref),
+        lambda out, ref=ref: relative_error(out[picked], ref),
         tol,
         "float32 reference",
     )
@@ -851,7 +846,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
             if name != HPC
         }
         if FA3 in checked.impls:
-            fa3_rel = rel_error(hpc_out, outputs[FA3].float())
+            fa3_rel = relative_error(hpc_out, outputs[FA3].float())
             if HPC in checked.impls and not fa3_rel <= tol:
                 _drop(
                     checked,
@@ -1187,19 +1182,16 @@ def main(argv: list[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     sound = True
     for case in cases:
-        try:
-            case_records, ok = bench_case(case, env, opts)
-        except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
-            floor_us = case_floor_us(case, env.tflops)
-            error = short_error(err)
-            case_records = [
-                make_record("W5", case.name, HPC, None, floor_us, error=error)
-            ]
-            ok = False
-        sound &= ok
-        records.extend(case_records)
-        print_progress("W5", case.name, case_records, started)
-        torch.cuda.empty_cache()
+        sound &= run_guarded(
+            "W5",
+            case.name,
+            lambda case=case: bench_case(case, env, opts),
+            lambda error, case=case: make_record(
+                "W5", case.name, HPC, None, case_floor_us(case, env.tflops), error=error
+            ),
+            records,
+            started,
+        )
     for name, tp, shape in plans:
         case_records, ok = bench_plan(name, tp, shape, env, opts)
         sound &= ok
