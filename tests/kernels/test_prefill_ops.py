@@ -363,18 +363,23 @@ def _cpu_inputs(q_dtype=BF16, kv_dtype=BF16) -> dict:
     }
 
 
+def _cpu_workspace() -> hpc_ops.PrefillWorkspace:
+    """A workspace of the baseline sizes on the CPU."""
+    return hpc_ops.PrefillWorkspace.create(
+        max_tokens=TOKENS,
+        max_batch=BATCH,
+        num_q_heads=HQ,
+        num_kv_heads=HKV,
+        device="cpu",
+    )
+
+
 def test_prefill_fake_implementation() -> None:
     """Under FakeTensorMode the planner and the attention op run their
     registered fakes: no kernel, no error, out keeps its metadata."""
     for q_dtype, kv_dtype in ((BF16, BF16), (FP8, FP8)):
         real = _cpu_inputs(q_dtype, kv_dtype)
-        ws = hpc_ops.PrefillWorkspace.create(
-            max_tokens=TOKENS,
-            max_batch=BATCH,
-            num_q_heads=HQ,
-            num_kv_heads=HKV,
-            device="cpu",
-        )
+        ws = _cpu_workspace()
         with FakeTensorMode() as mode:
             fake = {
                 k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v)
@@ -394,13 +399,7 @@ def test_prefill_traces() -> None:
     """make_fx in fake mode records the planner and the attention op, with
     out as the mutated argument."""
     real = _cpu_inputs()
-    ws = hpc_ops.PrefillWorkspace.create(
-        max_tokens=TOKENS,
-        max_batch=BATCH,
-        num_q_heads=HQ,
-        num_kv_heads=HKV,
-        device="cpu",
-    )
+    ws = _cpu_workspace()
 
     def step(q, k, v, block_table, qsl, seq_lens, out, plan_buffer):
         step_ws = dataclasses.replace(ws, plan_buffer=plan_buffer)
