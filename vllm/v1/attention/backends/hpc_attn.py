@@ -612,13 +612,9 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         md.hpc_decode_q_scale = None
         md.hpc_prefill_q_scale = None
 
-        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        k_scale = v_scale = None
-        if self.use_fp8:
-            key_cache = key_cache.view(FP8_DTYPE)
-            value_cache = value_cache.view(FP8_DTYPE)
-            k_scale = layer._k_scale.reshape(1)
-            v_scale = layer._v_scale.reshape(1)
+        key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
+            kv_cache, layer
+        )
         if query.dtype == FP8_DTYPE:
             if output.dtype not in _OUTPUT_DTYPES:
                 raise RuntimeError(
@@ -717,6 +713,9 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
     def _kernel_kv_views(
         self, kv_cache: torch.Tensor, layer: AttentionLayer
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """K and V as the kernels' strided [blocks, block size, heads, D]
+        views of the packed page (FP8 caches as float8_e4m3fn, with their
+        per-tensor scales sharing the layer's storage)."""
         key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
         if not self.use_fp8:
             return key_cache, value_cache, None, None
