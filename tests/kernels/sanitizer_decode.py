@@ -27,6 +27,7 @@ from decode_reference import (
     CacheLayout,
     make_decode_inputs,
 )
+from sanitizer_runner import Case, Check
 
 # Small, but each exercises a different path. "inputs" go to
 # make_decode_inputs, "workspace" to DecodeWorkspace.create; "split" says
@@ -126,12 +127,7 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def run_case(
-    hpc_ops: ModuleType,
-    case: sanitizer_runner.Case,
-    seed: int,
-    check: sanitizer_runner.Check,
-) -> None:
+def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     name = str(case["name"])
     inputs = make_decode_inputs(**case["inputs"], seed=seed, device="cuda")  # type: ignore[arg-type]
     ws_kwargs = dict(case["workspace"])  # type: ignore[call-overload]

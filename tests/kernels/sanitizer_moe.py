@@ -29,6 +29,7 @@ from moe_reference import (
     make_moe_inputs,
     make_moe_weights,
 )
+from sanitizer_runner import Case, Check
 
 # Small, but each exercises a different path. "weights" go to
 # make_moe_weights, "inputs" to make_moe_inputs; "spare" extra workspace
@@ -158,12 +159,7 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def run_case(
-    hpc_ops: ModuleType,
-    case: sanitizer_runner.Case,
-    seed: int,
-    check: sanitizer_runner.Check,
-) -> None:
+def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     name = str(case["name"])
     weights = make_moe_weights(
         **case["weights"],  # type: ignore[arg-type]

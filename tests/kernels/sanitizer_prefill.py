@@ -25,6 +25,7 @@ import sanitizer_runner
 import torch
 from decode_reference import FP8_DTYPE, CacheLayout
 from prefill_reference import make_prefill_inputs
+from sanitizer_runner import Case, Check
 
 
 def _case(
@@ -86,12 +87,7 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def run_case(
-    hpc_ops: ModuleType,
-    case: sanitizer_runner.Case,
-    seed: int,
-    check: sanitizer_runner.Check,
-) -> None:
+def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     name = str(case["name"])
     inputs = make_prefill_inputs(**case["inputs"], seed=seed, device="cuda")  # type: ignore[arg-type]
     ws = hpc_ops.PrefillWorkspace.create(**inputs.workspace_kwargs())

@@ -30,6 +30,7 @@ from rope_norm_reference import (
     check_outputs,
     make_prologue_inputs,
 )
+from sanitizer_runner import Case, Check
 
 # Small, but each exercises a different path: both layouts, both RoPE
 # styles, partial rotary, every norm policy, FP8 cache and Q, padding,
@@ -105,12 +106,7 @@ CASES: list[dict[str, object]] = [
 ]
 
 
-def run_case(
-    hpc_ops: ModuleType,
-    case: sanitizer_runner.Case,
-    seed: int,
-    check: sanitizer_runner.Check,
-) -> None:
+def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     name = str(case["name"])
     kwargs = {key: value for key, value in case.items() if key != "name"}
     inputs = make_prologue_inputs(**kwargs, seed=seed, device="cuda")  # type: ignore[arg-type]
