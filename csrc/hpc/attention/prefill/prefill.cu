@@ -46,8 +46,6 @@ void prefill_attention(const PrefillParams& params, const void* q,
   src.q = q;
   src.q_token_stride = q_token_stride;
   src.q_head_stride = q_head_stride;
-  src.k_cache = k_cache;
-  src.v_cache = v_cache;
   if (kv_type != ElemType::kFp8E4m3) {
     if (params.q_type != kv_type) {
       throw std::invalid_argument(

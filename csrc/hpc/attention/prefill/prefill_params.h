@@ -8,7 +8,6 @@
 
 #include "attention/prefill/prefill_plan.h"
 #include "common/elem_type.h"
-#include "common/paged_cache_view.h"
 
 namespace hpc {
 namespace prefill {
@@ -50,8 +49,9 @@ struct PrefillParams {
   int window;     // 0: none
 };
 
-// What the producer reads: the tensor maps for 16-bit caches, the raw
-// views for FP8 ones.
+// What the producer reads: the tensor maps of the paged cache (and of Q for
+// 16-bit caches, whose queries TMA copies), and the queries themselves for
+// FP8 caches, whose producer warps widen them.
 struct PrefillSources {
   CUtensorMap q_map;
   CUtensorMap k_map;
@@ -59,8 +59,6 @@ struct PrefillSources {
   const void* q;
   int64_t q_token_stride;
   int64_t q_head_stride;
-  PagedCacheView k_cache;
-  PagedCacheView v_cache;
 };
 
 }  // namespace prefill
