@@ -31,8 +31,8 @@ constexpr int kPrefillThreads = kProducerThreads + kConsumerThreads;
 constexpr int kSmemPerSm = 227 * 1024;
 
 // Element: cute::bfloat16_t or cute::half_t, the MMA operand type.
-// kWidenKv: the cache holds FP8, widened to Element by the producer
-// warpgroup as it fills the stages (Q too), instead of copied by TMA.
+// kWidenKv: the cache holds FP8: TMA copies it into a raw ring and the
+// producer warpgroup widens it to Element into the stages (and writes Q).
 template <int kHeadDimValue, class ElementType, bool kWidenKvValue>
 struct PrefillConfig {
   using Element = ElementType;
