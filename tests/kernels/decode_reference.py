@@ -376,18 +376,15 @@ class DecodeInputs(PagedInputs):
         }
 
     def reference(self) -> torch.Tensor:
+        """The reference of these inputs, with the op's keyword arguments
+        and the workspace's window."""
         return reference_decode(
             self.q,
             self.key_cache,
             self.value_cache,
             self.block_table,
             self.lens,
-            scale=self.scale,
-            query_tokens=self.query_tokens,
-            q_scale=self.q_scale,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
-            softcap=self.softcap,
+            **self.op_kwargs(),  # type: ignore[arg-type]
             window=self.window,
         )
 

@@ -195,18 +195,14 @@ class PrefillInputs(PagedInputs):
         }
 
     def reference(self) -> torch.Tensor:
+        """The reference of these inputs, with the op's keyword arguments."""
         return reference_prefill(
             self.q,
             self.key_cache,
             self.value_cache,
             self.block_table,
             self.lens,
-            scale=self.scale,
-            q_scale=self.q_scale,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
-            softcap=self.softcap,
-            window=self.window,
+            **self.op_kwargs(),  # type: ignore[arg-type]
         )
 
     def check(self, what: str = "") -> ErrorStats:
