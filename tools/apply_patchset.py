@@ -7,7 +7,9 @@ default it goes into the installed vLLM package, found without importing it,
 as symbolic links so that edits here are live (``--copy`` copies instead).
 Each upstream file it replaces is backed up once into
 ``<target>/.hpc_patchset/`` next to a manifest, from which ``--revert``
-restores it byte for byte.
+restores it byte for byte. A few upstream functions are edited in place
+instead (``PACKAGE_EDITS``: exact vLLM 0.33.0 text replaced, refused when
+that text is not found), with the same backup.
 
 With ``--vllm-src DIR`` the whole change goes into a vLLM source checkout
 instead, as a pull request would carry it: the ``vllm/`` files, the kernels
@@ -24,7 +26,7 @@ description of the backend, the tests at vLLM's test paths
     python tools/apply_patchset.py --vllm-src DIR        # apply to a checkout
     python tools/apply_patchset.py --vllm-src DIR --diff # the PR as a patch
 
-Without ``--vllm-src``, ``--diff`` covers the ``vllm/`` files only.
+Without ``--vllm-src``, ``--diff`` covers the ``vllm/`` files and edits only.
 
 Exit codes: 0 success, 1 failure, 2 unsupported or unknown vLLM version.
 """
@@ -86,6 +88,56 @@ REGISTRY_COMMENT = (
     "    # attention sinks, MLA, encoder attention or ALiBi.\n"
 )
 
+# Exact replacements in vLLM's own Python files, by path below the vllm
+# package: each is applied to an installed vLLM and to a checkout alike.
+# See PACKAGE_EDITS below.
+FUSION_GATE_OLD = """\
+        if self.fuse_rope_kvcache and not current_platform.is_rocm():
+            logger.warning_once(
+                "KV cache fusion currently only enabled on ROCm. "
+                "The fusion will be disabled."
+            )
+            self.fuse_rope_kvcache = False
+        if self.fuse_qk_norm_rope_kvcache and not current_platform.is_rocm():
+            logger.warning_once(
+                "QK-Norm+RoPE+KVCache fusion requires ROCm with AITER. "
+                "The fusion will be disabled."
+            )
+            self.fuse_qk_norm_rope_kvcache = False
+"""
+FUSION_GATE_NEW = """\
+        # On CUDA the two passes fuse only the attention layers whose
+        # implementation reports support for them (e.g. HPC_ATTN); every
+        # other layer keeps its unfused ops.
+        if self.fuse_rope_kvcache and not current_platform.is_cuda_alike():
+            logger.warning_once(
+                "KV cache fusion currently only enabled on ROCm and CUDA. "
+                "The fusion will be disabled."
+            )
+            self.fuse_rope_kvcache = False
+        if self.fuse_qk_norm_rope_kvcache and not current_platform.is_cuda_alike():
+            logger.warning_once(
+                "QK-Norm+RoPE+KVCache fusion requires ROCm with AITER or CUDA. "
+                "The fusion will be disabled."
+            )
+            self.fuse_qk_norm_rope_kvcache = False
+"""
+QUANT_FORMS_OLD = """\
+            if supports_rope:
+                for epsilon in [1e-5, 1e-6]:
+                    for neox in [True, False]:
+                        for quant_q in [False, True]:
+"""
+QUANT_FORMS_NEW = """\
+            # The FP8-query form quantizes Q per tensor with an AITER op that
+            # only ROCm registers.
+            quant_forms = [False, True] if current_platform.is_rocm() else [False]
+            if supports_rope:
+                for epsilon in [1e-5, 1e-6]:
+                    for neox in [True, False]:
+                        for quant_q in quant_forms:
+"""
+
 # The vLLM-side _hpc_C target: a template whose @HPC_SOURCES@ line becomes
 # the kernel sources, one quoted path a line, as vLLM's lists are written.
 CMAKE_TEMPLATE = "cmake/hpc_extension.vllm.cmake.in"
@@ -131,6 +183,32 @@ class Edit:
 
     make: Callable[[str | None], str]
     sign: str
+
+
+@dataclass(frozen=True)
+class Replace:
+    """An exact replacement in an upstream file: ``old``, vLLM 0.33.0's
+    text, must occur in it once. The first line of ``new`` is not in
+    ``old`` and serves as the edit's sign."""
+
+    rel: str  # path below the vllm package
+    what: str
+    old: str
+    new: str
+
+    @property
+    def sign(self) -> str:
+        return self.new.splitlines(keepends=True)[0]
+
+    def __call__(self, text: str) -> str:
+        found = text.count(self.old)
+        if found != 1:
+            where = "not found" if found == 0 else f"found {found} times"
+            raise PatchSetError(
+                f"vllm/{self.rel}: the vLLM {BASE_VERSION} text of {self.what} "
+                f"is {where}; refusing to edit it"
+            )
+        return text.replace(self.old, self.new)
 
 
 @dataclass
@@ -192,7 +270,18 @@ def installed_layout(target: Path, tree: Path) -> Layout:
     files = tree_files(tree / "vllm")
     if not files:
         raise PatchSetError(f"no patch-set files under {tree / 'vllm'}")
-    return Layout(root=target, package=target, label="vllm/", files=files)
+    edits = package_edits("")
+    if clash := sorted(set(files) & set(edits)):
+        raise PatchSetError(f"the tree replaces the edited file(s) {clash}")
+    return Layout(root=target, package=target, label="vllm/", files=files, edits=edits)
+
+
+def package_edits(prefix: str) -> dict[str, Edit]:
+    """PACKAGE_EDITS as edits of the files at ``prefix`` + their path."""
+    return {
+        prefix + r.rel: Edit(_upstream(r, f"vllm/{r.rel}"), r.sign)
+        for r in PACKAGE_EDITS
+    }
 
 
 def vllm_test_path(rel: str) -> str | None:
@@ -267,6 +356,7 @@ def source_layout(src: Path, tree: Path) -> Layout:
         "setup.py": Edit(_upstream(wire_setup, "setup.py"), SETUP_SIGN),
         CMAKE_FRAGMENT: Edit(lambda _: fragment, fragment.splitlines()[1] + "\n"),
         REGISTRY: Edit(_upstream(describe_backend, REGISTRY), REGISTRY_SIGN),
+        **package_edits("vllm/"),
     }
     return Layout(src, src / "vllm", "", files, edits, source=True)
 
@@ -276,7 +366,7 @@ def _upstream(edit: Callable[[str], str], rel: str) -> Callable[[str | None], st
 
     def make(text: str | None) -> str:
         if text is None:
-            raise PatchSetError(f"the checkout has no {rel}")
+            raise PatchSetError(f"vLLM has no {rel} to edit")
         return edit(text)
 
     return make
@@ -402,6 +492,27 @@ def describe_backend(text: str) -> str:
     while start > 0 and lines[start - 1].lstrip().startswith("#"):
         start -= 1
     return "".join(lines[:start]) + REGISTRY_COMMENT + "".join(lines[at[0] :])
+
+
+# PassConfig.__post_init__ forces both flags off outside ROCm, although the
+# passes ask each layer's attention implementation whether it supports the
+# fusion and skip it otherwise (no CUDA backend of vLLM 0.33.0 does). The
+# QK-norm pass also registers an FP8-query form that calls an op only ROCm
+# registers, which would fail on the first layer that supports the fusion.
+PACKAGE_EDITS: tuple[Replace, ...] = (
+    Replace(
+        "config/compilation.py",
+        "the ROCm-only RoPE+KV-cache fusion gates of PassConfig.__post_init__",
+        FUSION_GATE_OLD,
+        FUSION_GATE_NEW,
+    ),
+    Replace(
+        "compilation/passes/fusion/qk_norm_rope_kvcache_fusion.py",
+        "the FP8-query patterns of QkNormRopeKvCacheFusionPass",
+        QUANT_FORMS_OLD,
+        QUANT_FORMS_NEW,
+    ),
+)
 
 
 # --- upstream pieces the patch set relies on ------------------------------
@@ -592,6 +703,9 @@ def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
     manifest.setdefault("dirs", [])
     entries: dict[str, dict[str, str]] = manifest["files"]
     # Everything that can fail is worked out before anything changes.
+    for rel in layout.files:
+        if rel not in entries and (root / rel).is_symlink():
+            raise PatchSetError(f"{root / rel} is a link with no backup record")
     edited = {
         rel: edit.make(_original_text(layout, rel, entries.get(rel)))
         for rel, edit in layout.edits.items()
@@ -599,9 +713,6 @@ def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
     for rel, entry in entries.items():
         if entry["kind"] != "new":
             _verified_backup(root, rel, entry)
-    for rel in layout.files:
-        if rel not in entries and (root / rel).is_symlink():
-            raise PatchSetError(f"{root / rel} is a link with no backup record")
 
     for rel in sorted(set(entries) - set(layout.files) - set(layout.edits)):
         _restore(root, rel, entries.pop(rel))
@@ -641,7 +752,7 @@ def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
             dest.write_bytes(text.encode())
             changed += 1
             if verbose:
-                print(f"wired {rel}")
+                print(f"wired {layout.repo_path(rel)}")
     manifest["mode"] = mode
     save_manifest(root, manifest)
     total = len(layout.files) + len(layout.edits)
@@ -721,7 +832,8 @@ def check(layout: Layout) -> bool:
         for rel, src in layout.files.items()
     ]
     states += [
-        (_edit_state(layout, rel, entries.get(rel)), rel) for rel in layout.edits
+        (_edit_state(layout, rel, entries.get(rel)), layout.repo_path(rel))
+        for rel in layout.edits
     ]
     states += [
         ("left over", layout.repo_path(rel))
@@ -782,7 +894,7 @@ def diff(layout: Layout) -> str:
         chunks[rel] = _unified(old, new, layout.repo_path(rel), mode)
     for rel, edit in layout.edits.items():
         old = _original_text(layout, rel, entries.get(rel))
-        chunks[rel] = _unified(old, edit.make(old), rel, "100644")
+        chunks[rel] = _unified(old, edit.make(old), layout.repo_path(rel), "100644")
     return "".join(chunks[rel] for rel in sorted(chunks))
 
 

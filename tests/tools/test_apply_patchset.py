@@ -40,6 +40,9 @@ tool = _load_tool()
 # Upstream files the relied-on checks read, relative to the vllm package.
 CHECKED = [rel for rel, _, _ in tool.UPSTREAM_CHECKS]
 REGISTRY, ATTENTION, FP8_ORACLE = CHECKED
+# Upstream files edited in place, relative to the vllm package.
+EDITED = [r.rel for r in tool.PACKAGE_EDITS]
+COMPILATION, QK_NORM_PASS = EDITED
 
 FAKE_SETUP = """\
 import os
@@ -154,7 +157,7 @@ def _copy_upstream(installed: Path, package: Path, rels: list[str]) -> None:
         entry = manifest["files"].get(rel)
         if entry is None:
             source = installed / rel
-        elif entry["kind"] == "replaced":
+        elif entry["kind"] in ("replaced", "edited"):
             source = installed / tool.STATE_DIR / rel
         else:
             continue
@@ -164,7 +167,7 @@ def _copy_upstream(installed: Path, package: Path, rels: list[str]) -> None:
 
 
 def _needed(installed: Path, tree: Path) -> list[str]:
-    return ["_version.py", *CHECKED, *tool.tree_files(tree / "vllm")]
+    return ["_version.py", *CHECKED, *EDITED, *tool.tree_files(tree / "vllm")]
 
 
 @pytest.fixture
@@ -273,7 +276,7 @@ def test_copy_reapply_and_mode_switch(tree: Path, target: Path, capsys) -> None:
 
     capsys.readouterr()
     assert run(*apply_args(tree, target, "--copy")) == 0
-    assert "(0 of 6 files updated)" in capsys.readouterr().out
+    assert "(0 of 8 files updated)" in capsys.readouterr().out
     assert manifest(target) == first
 
     # our own copies and links are never taken for upstream files
@@ -530,6 +533,101 @@ def test_repository_tree_round_trip(tmp_path: Path, installed: Path) -> None:
     assert snapshot(package) == before
 
 
+def test_package_edits_apply_check_diff_revert(
+    tree: Path, target: Path, capsys
+) -> None:
+    before = snapshot(target)
+    assert run(*apply_args(tree, target)) == 0
+    for r in tool.PACKAGE_EDITS:
+        text = (target / r.rel).read_text()
+        assert r.old not in text and text.count(r.new) == 1
+        assert text == before[r.rel][0].decode().replace(r.old, r.new)
+        assert not (target / r.rel).is_symlink()
+        assert manifest(target)["files"][r.rel]["kind"] == "edited"
+        assert (target / tool.STATE_DIR / r.rel).read_bytes() == before[r.rel][0]
+    compilation = (target / COMPILATION).read_text()
+    for flag in ("fuse_rope_kvcache", "fuse_qk_norm_rope_kvcache"):
+        assert f"if self.{flag} and not current_platform.is_rocm()" not in compilation
+        assert f"if self.{flag} and not current_platform.is_cuda_alike()" in compilation
+    assert "quant_forms = [False, True] if current_platform.is_rocm()" in (
+        (target / QK_NORM_PASS).read_text()
+    )
+
+    applied = snapshot(target)
+    assert run(*apply_args(tree, target)) == 0
+    assert snapshot(target) == applied
+    assert run(*apply_args(tree, target, "--copy")) == 0
+    for rel in [*EDITED, tool.STATE_DIR + "/" + COMPILATION]:
+        assert snapshot(target)[rel] == applied[rel]
+
+    capsys.readouterr()
+    assert run(*apply_args(tree, target, "--check")) == 0
+    out = capsys.readouterr().out
+    for rel in EDITED:
+        assert f"applied as edit  vllm/{rel}\n" in out
+
+    assert run(*apply_args(tree, target, "--diff")) == 0
+    out = capsys.readouterr().out
+    for r in tool.PACKAGE_EDITS:
+        assert f"--- a/vllm/{r.rel}\n+++ b/vllm/{r.rel}\n" in out
+        assert f"+{r.sign}" in out
+    assert "+        if self.fuse_qk_norm_rope_kvcache and not current_platform" in out
+
+    assert run(*apply_args(tree, target, "--revert")) == 0
+    assert snapshot(target) == before
+
+
+def test_package_edit_undone_by_hand_is_reported(
+    tree: Path, target: Path, capsys
+) -> None:
+    upstream = (target / COMPILATION).read_bytes()
+    assert run(*apply_args(tree, target)) == 0
+    (target / COMPILATION).write_bytes(upstream)
+    capsys.readouterr()
+    assert run(*apply_args(tree, target, "--check")) == 1
+    assert f"upstream         vllm/{COMPILATION}\n" in capsys.readouterr().out
+    assert run(*apply_args(tree, target)) == 0
+    assert run(*apply_args(tree, target, "--check")) == 0
+
+
+@pytest.mark.parametrize("copies", [0, 2])
+def test_package_edit_without_its_text_is_refused(
+    tree: Path, target: Path, capsys, copies: int
+) -> None:
+    path = target / COMPILATION
+    gate = tool.PACKAGE_EDITS[0].old
+    text = path.read_text()
+    path.write_text(text.replace(gate, gate * copies))
+    before = snapshot(target)
+    assert run(*apply_args(tree, target)) == 1
+    err = capsys.readouterr().err
+    where = "not found" if copies == 0 else "found 2 times"
+    assert f"vllm/{COMPILATION}: the vLLM 0.33.0 text of" in err
+    assert f"{where}; refusing" in err
+    assert snapshot(target) == before
+
+
+def test_package_edit_without_backup_is_refused(
+    tree: Path, target: Path, capsys
+) -> None:
+    path = target / COMPILATION
+    path.write_text(tool.PACKAGE_EDITS[0](path.read_text()))
+    before = snapshot(target)
+    assert run(*apply_args(tree, target)) == 1
+    assert "is already wired but has no backup" in capsys.readouterr().err
+    assert snapshot(target) == before
+
+
+def test_package_edit_signs_are_new_lines(installed: Path, tmp_path: Path) -> None:
+    package = tmp_path / "vllm"
+    _copy_upstream(installed, package, EDITED)
+    for r in tool.PACKAGE_EDITS:
+        upstream = (package / r.rel).read_text().splitlines(keepends=True)
+        assert r.sign not in upstream
+        assert r.sign not in r.old.splitlines(keepends=True)
+        assert r.sign.strip()
+
+
 # --- the whole PR against the real tree ----------------------------------
 
 
@@ -781,6 +879,28 @@ def test_vllm_files_are_wired_without_markers(pristine: Path) -> None:
     for rel in tool.kernel_sources(tool.source_files(REPO_ROOT)):
         assert f'"{rel}"' in fragment
         assert (root / rel).is_file()
+
+
+def test_package_edits_in_vllm_sources(pristine: Path) -> None:
+    root = pristine
+    for r in tool.PACKAGE_EDITS:
+        assert (root / "vllm" / r.rel).read_text().count(r.old) == 1
+    result = _src_cli(root, "--diff")
+    assert result.returncode == 0, result.stderr
+    for rel in EDITED:
+        assert f"--- a/vllm/{rel}\n+++ b/vllm/{rel}\n" in result.stdout
+    assert _src_cli(root).returncode == 0
+    applied = _git(root, "diff")
+    assert set(_git(root, "diff", "--name-only").split()) >= {
+        f"vllm/{rel}" for rel in EDITED
+    }
+    assert _src_cli(root).returncode == 0
+    assert _git(root, "diff") == applied
+    result = _src_cli(root, "--check")
+    for rel in EDITED:
+        assert f"applied as edit  vllm/{rel}\n" in result.stdout
+    assert _src_cli(root, "--revert").returncode == 0
+    assert _git(root, "status", "--porcelain") == ""
 
 
 def test_kernel_headers_win_over_vllms(vllm_checkout: Path) -> None:
