@@ -6,9 +6,12 @@ Environment checks, the device-to-device copy bandwidth that every floor is
 measured against (and the dense matmul rates that compute-bound floors use),
 CUDA-graph capture and event timing of round-robin input sets, an L2 scrub
 for rotations smaller than four times the L2 cache, random fills, paged-cache
-gathers and the compiled FlexAttention shared by the attention benchmarks,
-and writing the results file that ``benchmarks/render_results.py`` reads
-(see the measurement protocol in the design notes).
+gathers, the float32 causal reference, and what the attention benchmarks
+share: the compiled FlexAttention with its paged BlockMask, the FlashInfer
+paged prefill wrapper and their common options; the records, the guarded
+run of one case and writing the results file that
+``benchmarks/render_results.py`` reads (see the measurement protocol in the
+design notes).
 """
 
 from __future__ import annotations

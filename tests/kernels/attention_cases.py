@@ -6,7 +6,7 @@ arguments, the head size x GQA ratio grid, the run-and-check of one case
 and the capture of a CUDA graph after a warm-up; and the cache arguments the
 validation of every attention op rejects.
 
-Imports only torch and the references.
+Imports only pytest, torch and the references.
 """
 
 from __future__ import annotations
