@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,9 +28,9 @@ hpc_moe = pytest.importorskip(
     reason="vLLM has no hpc_moe module",
 )
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-
-if not Path(hpc_moe.__file__).resolve().is_relative_to(_REPO_ROOT):
+# Upstream's module (built on the external ``hpc`` package) sizes no MoE
+# workspace; this patch set's does, wherever the tests are placed.
+if not hasattr(hpc_moe, "workspace_max_tokens"):
     pytest.skip(
         "the patch set is not applied to the installed vLLM "
         "(run tools/apply_patchset.py)",
