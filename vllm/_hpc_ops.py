@@ -40,12 +40,14 @@ __all__ = [
     "decode_attention_unchecked",
     "decode_plan_size",
     "fused_moe_fp8",
+    "fused_moe_fp8_unchecked",
     "moe_tiling",
     "hpc_ops_available",
     "plan_decode_host",
     "prefill_attention",
     "prefill_attention_unchecked",
     "rope_norm_store_kv",
+    "rope_norm_store_kv_unchecked",
 ]
 
 SUPPORTED_HEAD_SIZES = (64, 128, 256)
@@ -438,6 +440,45 @@ def rope_norm_store_kv(
         int(norm_policy),
     )
     _require_library()
+    rope_norm_store_kv_unchecked(
+        qkv,
+        positions,
+        slot_mapping,
+        cos_sin_cache,
+        key_cache,
+        value_cache,
+        q_out,
+        q_scale=q_scale,
+        q_norm_weight=q_norm_weight,
+        k_norm_weight=k_norm_weight,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        eps=eps,
+        norm_policy=norm_policy,
+        is_neox=is_neox,
+    )
+
+
+def rope_norm_store_kv_unchecked(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    q_out: torch.Tensor,
+    *,
+    q_scale: torch.Tensor | None = None,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    norm_policy: int = QkNormPolicy.NONE,
+    is_neox: bool = True,
+) -> None:
+    """:func:`rope_norm_store_kv` without the input checks, for callers that
+    validated their configuration once (the vLLM layers, on the hot path)."""
     if int(norm_policy) == QkNormPolicy.NONE:
         q_norm_weight = k_norm_weight = None
     torch.ops._hpc_C.rope_norm_store_kv(
@@ -1933,7 +1974,7 @@ def fused_moe_fp8(
 
     No host synchronisation and no allocation: safe to capture in CUDA graphs.
     """
-    block_wise = _validate_moe(
+    _validate_moe(
         hidden_states,
         w13,
         w2,
@@ -1952,18 +1993,66 @@ def fused_moe_fp8(
         bool(apply_router_weight_on_input),
     )
     num_local_experts = w13.shape[0]
-    if global_num_experts is None:
-        global_num_experts = (
+    total_experts = global_num_experts
+    if total_experts is None:
+        total_experts = (
             expert_map.shape[0] if expert_map is not None else num_local_experts
         )
-    if global_num_experts < num_local_experts:
+    if total_experts < num_local_experts:
         raise ValueError(
-            f"global_num_experts ({global_num_experts}) must be >= the local "
+            f"global_num_experts ({total_experts}) must be >= the local "
             f"expert count ({num_local_experts})"
         )
     _require_moe_op()
+    fused_moe_fp8_unchecked(
+        hidden_states,
+        w13,
+        w2,
+        topk_weights,
+        topk_ids,
+        out,
+        workspace,
+        w13_scale=w13_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+        block_shape=block_shape,
+        expert_map=expert_map,
+        expert_offset=expert_offset,
+        shared_output=shared_output,
+        apply_router_weight_on_input=apply_router_weight_on_input,
+        global_num_experts=global_num_experts,
+    )
+
+
+def fused_moe_fp8_unchecked(
+    hidden_states: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    out: torch.Tensor,
+    workspace: MoeWorkspace,
+    *,
+    w13_scale: torch.Tensor,
+    w2_scale: torch.Tensor,
+    a1_scale: torch.Tensor | None = None,
+    a2_scale: torch.Tensor | None = None,
+    block_shape: tuple[int, int] | list[int] | None = None,
+    expert_map: torch.Tensor | None = None,
+    expert_offset: int = 0,
+    shared_output: torch.Tensor | None = None,
+    apply_router_weight_on_input: bool = False,
+    global_num_experts: int | None = None,
+) -> None:
+    """:func:`fused_moe_fp8` without the input checks, for callers that
+    validated their configuration once (the vLLM layer, on the hot path)."""
     if hidden_states.shape[0] == 0:
         return
+    if global_num_experts is None:
+        global_num_experts = (
+            expert_map.shape[0] if expert_map is not None else w13.shape[0]
+        )
     torch.ops._hpc_C.fused_moe_fp8(
         hidden_states,
         a1_scale,
@@ -1980,7 +2069,7 @@ def fused_moe_fp8(
         workspace.buffer,
         int(expert_offset),
         int(global_num_experts),
-        block_wise,
+        block_shape is not None,
         bool(apply_router_weight_on_input),
     )
 

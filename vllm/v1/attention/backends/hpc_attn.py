@@ -67,7 +67,7 @@ from vllm._hpc_ops import (
     QkNormPolicy,
     decode_attention_unchecked,
     prefill_attention_unchecked,
-    rope_norm_store_kv,
+    rope_norm_store_kv_unchecked,
 )
 from vllm.config import (
     VllmConfig,
@@ -750,7 +750,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
             kv_cache, layer
         )
-        rope_norm_store_kv(
+        rope_norm_store_kv_unchecked(
             qkv,
             positions,
             layer_slot_mapping,
@@ -802,7 +802,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
             kv_cache, layer
         )
-        rope_norm_store_kv(
+        rope_norm_store_kv_unchecked(
             qkv,
             positions,
             layer_slot_mapping,
