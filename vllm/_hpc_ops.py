@@ -505,7 +505,6 @@ def rope_norm_store_kv_unchecked(
 # ---------------------------------------------------------------------------
 
 DECODE_TILE_TOKENS = 64
-_PLAN_HEADER = 8
 MAX_DECODE_QUERY_TOKENS = 4
 _STATIC_MAX_SPLITS = 16
 _DECODE_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
@@ -526,11 +525,19 @@ class SplitMode(enum.IntEnum):
     STATIC = 2
 
 
+def _decode_plan_layout(max_units: int, num_ctas: int) -> list[int]:
+    """decode_plan.h's PlanLayout, asked of C++: [header size, offsets of
+    unit_granule_offset, unit_num_pieces, unit_first_partial,
+    cta_granule_begin, cta_first_unit, plan size], in int32 elements."""
+    _require_library()
+    return list(torch.ops._hpc_C.decode_plan_layout(max_units, num_ctas))
+
+
 def decode_plan_size(max_units: int, num_ctas: int) -> int:
     """int32 elements of a plan for up to ``max_units`` (batch x KV heads)
     units and ``num_ctas`` CTA slots (see decode_plan.h's PlanLayout).
     """
-    return _PLAN_HEADER + (max_units + 1) + 2 * max_units + (num_ctas + 1) + num_ctas
+    return _decode_plan_layout(max_units, num_ctas)[-1]
 
 
 def _plan_ctas(mode: SplitMode, num_ctas: int, max_units: int) -> int:
@@ -561,13 +568,11 @@ class DecodePlan:
         cls, plan: torch.Tensor, max_units: int, max_ctas: int
     ) -> DecodePlan:
         plan = plan.cpu()
-        header = [int(v) for v in plan[:_PLAN_HEADER].tolist()]
+        header_size, o_offset, o_pieces, o_partial, o_begin, o_first, _ = (
+            _decode_plan_layout(max_units, max_ctas)
+        )
+        header = [int(v) for v in plan[:header_size].tolist()]
         units, _, ctas = header[0], header[1], header[2]
-        o_offset = _PLAN_HEADER
-        o_pieces = o_offset + max_units + 1
-        o_partial = o_pieces + max_units
-        o_begin = o_partial + max_units
-        o_first = o_begin + max_ctas + 1
         return cls(
             *header,
             unit_granule_offset=plan[o_offset : o_offset + units + 1],
@@ -2129,8 +2134,13 @@ def moe_tiling(
             bool(block_wise),
         )
     )
-    values[-3:] = [bool(v) for v in values[-3:]]  # the flags
-    return MoeTiling(*values)
+    # By name, as C++ lists them: a field added there fails here loudly
+    # instead of shifting the others.
+    fields = dict(zip(torch.ops._hpc_C.moe_tiling_fields(), values, strict=True))
+    flags = {f.name for f in dataclasses.fields(MoeTiling) if f.type == "bool"}
+    return MoeTiling(
+        **{name: bool(v) if name in flags else int(v) for name, v in fields.items()}
+    )
 
 
 if _LIBRARY_LOADED:

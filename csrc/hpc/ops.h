@@ -6,6 +6,7 @@
 #include <ATen/Tensor.h>
 
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace hpc {
@@ -41,6 +42,11 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                       const std::optional<at::Tensor>& v_scale, double scale,
                       double softcap, int64_t window, int64_t query_tokens,
                       int64_t max_units, int64_t num_ctas);
+
+// [header size, unit_granule_offset, unit_num_pieces, unit_first_partial,
+// cta_granule_begin, cta_first_unit, plan size] of decode::PlanLayout, in
+// int32 elements.
+std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas);
 
 // Persistent decode CTAs per SM for a head size and KV element size.
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
@@ -92,6 +98,9 @@ std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
                                 int64_t num_local_experts, int64_t num_experts,
                                 int64_t hidden_size, int64_t intermediate_size,
                                 int64_t num_sms, bool block_wise);
+
+// The names of moe_tiling's values, in order.
+std::vector<std::string> moe_tiling_fields();
 
 // Workspace bytes of fused_moe_fp8 for up to `max_tokens` tokens.
 int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,

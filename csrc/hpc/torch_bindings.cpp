@@ -26,6 +26,8 @@ TORCH_LIBRARY(_hpc_C, m) {
       "Tensor(d!) piece_counters, Tensor? q_scale, "
       "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
+  m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]",
+        &hpc::decode_plan_layout);
   m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",
         &hpc::decode_ctas_per_sm);
   m.def(
@@ -52,6 +54,7 @@ TORCH_LIBRARY(_hpc_C, m) {
       "int num_experts, int hidden_size, int intermediate_size, int num_sms, "
       "bool block_wise=False) -> int[]",
       &hpc::moe_tiling);
+  m.def("moe_tiling_fields() -> str[]", &hpc::moe_tiling_fields);
   m.def(
       "moe_workspace_bytes(int max_tokens, int topk, int num_local_experts, "
       "int hidden_size, int intermediate_size) -> int",

@@ -1236,3 +1236,13 @@ def test_check_moe_catches_errors() -> None:
         check_moe(
             bad, ref, unrouted=unrouted, shared_output=inputs.shared_output, rtol=1.0
         )
+
+
+@needs_op
+def test_moe_tiling_fields_match_the_dataclass() -> None:
+    # The tiling is passed by name: C++'s field list and the Python record
+    # must name the same fields, or moe_tiling() fails.
+    names = list(torch.ops._hpc_C.moe_tiling_fields())
+    assert names == [f.name for f in dataclasses.fields(hpc_ops.MoeTiling)]
+    tiling = hpc_ops.moe_tiling(8, 8, 192, 192, 4096, 192, 132)
+    assert isinstance(tiling.decode, bool) and isinstance(tiling.token_tile, int)

@@ -202,11 +202,22 @@ class _RecordingOps:
         self.created: list[dict] = []
         self.forward = forward
         self._real_fused_moe = getattr(_hpc_ops, "fused_moe_fp8", None)
+        self._real_unchecked = getattr(_hpc_ops, "fused_moe_fp8_unchecked", None)
+        self._validating = False
 
     def fused_moe_fp8(self, *args: Any, **kwargs: Any) -> None:
+        # The checked form validates and then calls the unchecked form,
+        # which must then launch instead of recording the call again.
+        if self._validating:
+            self._real_unchecked(*args, **kwargs)
+            return
         self.calls.append((args, kwargs))
         if self.forward:
-            self._real_fused_moe(*args, **kwargs)
+            self._validating = True
+            try:
+                self._real_fused_moe(*args, **kwargs)
+            finally:
+                self._validating = False
 
     def create(self, **kwargs: Any) -> Any:
         self.created.append(kwargs)
@@ -226,7 +237,9 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> _RecordingOps:
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, rec: _RecordingOps) -> None:
-    monkeypatch.setattr(_hpc_ops, "fused_moe_fp8", rec.fused_moe_fp8, raising=False)
+    # The layer calls the unchecked form, the eager shims the checked one.
+    for name in ("fused_moe_fp8", "fused_moe_fp8_unchecked"):
+        monkeypatch.setattr(_hpc_ops, name, rec.fused_moe_fp8, raising=False)
     real = getattr(_hpc_ops, "MoeWorkspace", None)
     if real is None:
         fake = type("MoeWorkspace", (), {"create": staticmethod(rec.create)})

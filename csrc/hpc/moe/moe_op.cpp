@@ -5,6 +5,10 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "common/device_info.h"
 #include "common/tensor_elem_type.h"
 #include "moe/moe.h"
@@ -43,6 +47,28 @@ int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,
       .bytes();
 }
 
+namespace {
+
+// The tiling's fields by name, written once: moe_tiling returns the values
+// and moe_tiling_fields the names, in this order.
+std::vector<std::pair<const char*, int64_t>> tiling_fields(
+    const moe::MoeTiling& t) {
+  return {{"token_tile", t.token_tile},
+          {"max_tiles", t.max_tiles},
+          {"gate_up_blocks", t.gate_up_blocks},
+          {"gate_up_split", t.gate_up_split},
+          {"gate_up_group", t.gate_up_group},
+          {"gate_up_ctas_per_sm", t.gate_up_ctas_per_sm},
+          {"down_blocks", t.down_blocks},
+          {"down_group", t.down_group},
+          {"down_ctas_per_sm", t.down_ctas_per_sm},
+          {"decode", t.decode},
+          {"slot_tiles", t.slot_tiles},
+          {"evict_first_weights", t.evict_first_weights}};
+}
+
+}  // namespace
+
 std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
                                 int64_t num_local_experts, int64_t num_experts,
                                 int64_t hidden_size, int64_t intermediate_size,
@@ -52,10 +78,17 @@ std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
       static_cast<int>(num_local_experts), static_cast<int>(num_experts),
       static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
       static_cast<int>(num_sms), block_wise);
-  return {t.token_tile,    t.max_tiles,     t.gate_up_blocks,
-          t.gate_up_split, t.gate_up_group, t.gate_up_ctas_per_sm,
-          t.down_blocks,   t.down_group,    t.down_ctas_per_sm,
-          t.decode,        t.slot_tiles,    t.evict_first_weights};
+  std::vector<int64_t> values;
+  for (const auto& field : tiling_fields(t)) values.push_back(field.second);
+  return values;
+}
+
+std::vector<std::string> moe_tiling_fields() {
+  std::vector<std::string> names;
+  for (const auto& field : tiling_fields(moe::MoeTiling{})) {
+    names.emplace_back(field.first);
+  }
+  return names;
 }
 
 void fused_moe_fp8(const at::Tensor& hidden_states,

@@ -5,6 +5,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <vector>
+
 #include "attention/decode/decode_plan.h"
 #include "ops.h"
 
@@ -41,6 +43,19 @@ void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
   decode::plan_decode_device(kv_lens.data_ptr<int32_t>(), args, layout,
                              plan.data_ptr<int32_t>(),
                              at::cuda::getCurrentCUDAStream());
+}
+
+std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas) {
+  TORCH_CHECK(max_units >= 0 && max_ctas >= 0);
+  const decode::PlanLayout layout{static_cast<int>(max_units),
+                                  static_cast<int>(max_ctas)};
+  return {decode::kHeaderSize,
+          layout.unit_granule_offset(),
+          layout.unit_num_pieces(),
+          layout.unit_first_partial(),
+          layout.cta_granule_begin(),
+          layout.cta_first_unit(),
+          layout.size()};
 }
 
 }  // namespace hpc

@@ -471,7 +471,7 @@ class HPCExperts(mk.FusedMoEExpertsModular):
         for start in range(0, num_tokens, step):
             end = min(start + step, num_tokens)
             whole = start == 0 and end == num_tokens
-            _hpc_ops.fused_moe_fp8(
+            _hpc_ops.fused_moe_fp8_unchecked(
                 _rows(hidden_states, start, end, whole),
                 w1,
                 w2,
