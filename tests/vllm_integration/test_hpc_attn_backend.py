@@ -1501,3 +1501,19 @@ def test_attention_layer_after_prologue_as_hy_v3_calls_it(
         assert dkw["q_scale"] is None
     assert md.hpc_kv_written is False
     assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
+
+
+def test_rope_hook_reads_the_projection_in_place() -> None:
+    # Q, K and V split from one projection output are packed by a view (the
+    # fusion hook copies nothing); anything else is packed by a copy.
+    tokens, hq, hkv, d = 5, 8, 2, 16
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    packed = hpc_attn._packed_qkv(q.view(tokens, hq, d), k.view(tokens, hkv, d), v)
+    assert packed.data_ptr() == qkv.data_ptr()
+    assert torch.equal(packed, qkv)
+    copied = hpc_attn._packed_qkv(q.clone(), k, v)
+    assert copied.data_ptr() != qkv.data_ptr()
+    assert torch.equal(copied, qkv)
+    swapped = hpc_attn._packed_qkv(v, k, q)
+    assert torch.equal(swapped, torch.cat([v, k, q], dim=-1))

@@ -50,6 +50,7 @@ bf16/fp16 models in compiled ranges of at most
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -782,19 +783,13 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         """RoPE of Q (in place) and K, K/V written into the cache, in one
         launch of the prologue kernel.
 
-        The kernel reads one packed [T, (Hq + 2 Hkv) D] row per token, so the
-        three inputs are packed first. ``key`` is left as it is: the rotated
+        The kernel reads one packed [T, (Hq + 2 Hkv) D] row per token: the
+        projection's output itself when the three inputs are its adjacent
+        slices, else a packed copy. ``key`` is left as it is: the rotated
         K goes into the cache only, and ``forward`` reads K from the cache.
         """
         num_tokens = query.shape[0]
-        qkv = torch.cat(
-            (
-                query.reshape(num_tokens, -1),
-                key.reshape(num_tokens, -1),
-                value.reshape(num_tokens, -1),
-            ),
-            dim=-1,
-        )
+        qkv = _packed_qkv(query, key, value)
         q_shape = (num_tokens, self.num_heads, self.head_size)
         q_out = (
             query.view(q_shape) if query.is_contiguous() else query.new_empty(q_shape)
@@ -817,6 +812,27 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         )
         if q_out.data_ptr() != query.data_ptr():
             query.copy_(q_out.view(query.shape))
+
+
+def _packed_qkv(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> torch.Tensor:
+    """[T, (Hq + 2 Hkv) D] rows of Q, K and V: a view when they are adjacent
+    slices of one buffer with one row stride (how models split the QKV
+    projection), so the hook copies nothing; else a packed copy."""
+    num_tokens = query.shape[0]
+    parts = [x.reshape(num_tokens, -1) for x in (query, key, value)]
+    width = sum(x.shape[1] for x in parts)
+    row_stride = parts[0].stride(0) if num_tokens > 1 else width
+    adjacent = all(x.stride(1) == 1 for x in parts) and all(
+        (num_tokens <= 1 or b.stride(0) == row_stride)
+        and b.data_ptr() == a.data_ptr() + a.shape[1] * a.element_size()
+        and b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+        for a, b in itertools.pairwise(parts)
+    )
+    if adjacent and row_stride >= width:
+        return parts[0].as_strided((num_tokens, width), (row_stride, 1))
+    return torch.cat(parts, dim=-1)
 
 
 def _prologue_wrote_kv(layer: AttentionLayer) -> bool:
