@@ -18,15 +18,6 @@
 namespace hpc {
 namespace prefill {
 
-__device__ __forceinline__ uint32_t pack_out(float x, float y, bool bf16) {
-  if (bf16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-  const __half2 v = __floats2half2_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
 template <class Config, class FragO>
 __device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
                            FragO& acc_o, attention::OnlineSoftmax& softmax) {
@@ -49,8 +40,10 @@ __device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
     const int h = attention::row_half_of(i);
     if (!rows.live[h]) continue;
     const int col = attention::fragment_column(i, threadIdx.x % 32);
+    const float x = acc_o(i) * inv_sum[h];
+    const float y = acc_o(i + 1) * inv_sum[h];
     *reinterpret_cast<uint32_t*>(row_out[h] + col) =
-        pack_out(acc_o(i) * inv_sum[h], acc_o(i + 1) * inv_sum[h], bf16);
+        bf16 ? pack2<cute::bfloat16_t>(x, y) : pack2<cute::half_t>(x, y);
   }
 }
 
