@@ -1,0 +1,450 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Workload E2E: vLLM end to end with ``HPC_ATTN`` against vLLM's own backends.
+
+Each run builds one ``LLM`` (dummy weights, a local config of 2-4 layers)
+in its own subprocess, with CUDA graphs and compilation as vLLM does by
+default, and drives the engine step by step:
+
+* ``decode``: one 32768-token and 31 4096-token requests are prefilled, then
+  generate; the median time of the steps in which all 32 requests decode.
+* ``prefill``: the time to the first token of one 32768-token prompt
+  (median of three fresh prompts; prefix caching is off).
+* agreement: the top log-probabilities of four greedy steps on four short
+  prompts, compared with the ``TRITON_ATTN`` run of the same model and KV
+  dtype (the dummy weights are replaced by seeded normal ones first, so the
+  models compute something non-trivial and the same in every run).
+
+Models (``--models``): ``llama`` (GQA 4, no QK-norm: K/V written by the
+impl), ``qwen3`` (GQA 5, QK-norm: the fused prologue through vLLM's
+QK-norm + RoPE + KV-cache pass), ``hy3`` (64/8 heads, QK-norm through the
+model's own ``HpcRopeNorm``, FP8 experts with ``--moe-backend hpc`` in every
+run). KV dtypes (``--kv``): ``bf16`` and ``fp8``. Backends (``--backends``):
+``HPC_ATTN``, ``TRITON_ATTN``, ``FLASH_ATTN`` (needs vLLM's compiled ops).
+
+Case names: ``<model>-<bf16|fp8>-<decode|prefill>``; ``impl`` is ``hpc``,
+``triton_attn`` or ``flash_attn``; the ``hpc`` records carry ``ratios``
+over the others. Writes ``benchmarks/results/benchmark_e2e.json`` (and under
+``--out``).
+
+usage: python benchmarks/benchmark_e2e.py [--models hy3] [--kv bf16,fp8]
+           [--backends HPC_ATTN,TRITON_ATTN,FLASH_ATTN] [--layers 2] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "kernels"))
+
+import bench_utils  # noqa: E402
+
+RESULT_NAME = "benchmark_e2e.json"
+IMPL_NAMES = {
+    "HPC_ATTN": "hpc",
+    "TRITON_ATTN": "triton_attn",
+    "FLASH_ATTN": "flash_attn",
+}
+KV_DTYPES = {"bf16": "auto", "fp8": "fp8"}
+
+LONG_PROMPT = 32768
+SHORT_PROMPT = 4096
+NUM_SHORT = 31
+DECODE_STEPS = 40  # generated tokens per request in the decode measurement
+TIMED_DECODE_STEPS = 24  # the last ones, when every request decodes
+PREFILL_REPEATS = 3
+AGREEMENT_PROMPTS = 4
+AGREEMENT_STEPS = 4
+AGREEMENT_LOGPROBS = 5
+VOCAB = 32000
+
+_COMMON = {
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 65536,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "head_dim": 128,
+}
+
+# The shapes of the named models; ``num_hidden_layers`` comes from --layers.
+MODELS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "rope_theta": 500000.0,
+    },
+    "qwen3": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "rope_theta": 1000000.0,
+    },
+    "hy3": {
+        "architectures": ["HYV3ForCausalLM"],
+        "model_type": "hy_v3",
+        "hidden_size": 4096,
+        "intermediate_size": 13312,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "num_experts": 192,
+        "num_experts_per_tok": 8,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": 1536,
+        "expert_hidden_dim": 1536,
+        "first_k_dense_replace": 0,
+        "route_norm": True,
+        "router_scaling_factor": 2.826,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 11158840.0},
+    },
+}
+
+
+def _model_config(model: str, layers: int) -> dict[str, Any]:
+    config = {**_COMMON, **MODELS[model], "num_hidden_layers": layers}
+    if model == "hy3":
+        config["mlp_layer_types"] = ["sparse"] * layers
+    return config
+
+
+# ---------------------------------------------------------------------------
+# One run (in a subprocess)
+# ---------------------------------------------------------------------------
+
+
+def _reinit_weights(worker: Any, seed: int) -> int:
+    """Replaces the dummy weights by seeded normal ones (std 0.02, unit
+    norms, zero biases, unit-variance embeddings), in place so captured
+    graphs keep their addresses. FP8 weights and all scales are left as
+    loaded. Returns the number of tensors written."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    model = worker.model_runner.model
+    written = 0
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+            if not p.dtype.is_floating_point or p.element_size() == 1:
+                continue
+            if "scale" in name:
+                continue
+            if "norm" in name:
+                p.fill_(1.0)
+            elif "bias" in name:
+                p.zero_()
+            else:
+                std = 1.0 if "embed" in name else 0.02
+                p.copy_(torch.randn(p.shape, generator=gen, device=p.device) * std)
+            written += 1
+    return written
+
+
+def _step_until_done(engine: Any) -> list[float]:
+    """Runs the engine until its requests finish; seconds of each step."""
+    import torch
+
+    times = []
+    while engine.has_unfinished_requests():
+        t0 = time.perf_counter()
+        engine.step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _prompt(rng: Any, n: int) -> dict[str, list[int]]:
+    return {"prompt_token_ids": [rng.randrange(3, VOCAB) for _ in range(n)]}
+
+
+def _has_vllm_compiled_ops() -> bool:
+    import torch
+
+    import vllm._custom_ops  # noqa: F401
+
+    try:
+        return hasattr(torch.ops._C, "rms_norm")
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def run_one(model: str, kv: str, backend: str, layers: int, path: Path) -> None:
+    """Builds the LLM, measures, and writes the result to ``path``."""
+    import random
+
+    from vllm import LLM, SamplingParams
+
+    result: dict[str, Any] = {"model": model, "kv": kv, "backend": backend}
+    model_dir = Path(tempfile.mkdtemp(prefix=f"e2e_{model}_"))
+    config = _model_config(model, layers)
+    if model == "hy3":
+        try:
+            from transformers import HYV3Config  # noqa: F401
+        except ImportError:
+            # An older transformers: a config class that keeps the extra
+            # fields as attributes serves the same model.
+            config["model_type"] = "qwen3"
+    (model_dir / "config.json").write_text(json.dumps(config))
+    compilation: dict[str, Any] = {"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32]}
+    kwargs: dict[str, Any] = {}
+    if not _has_vllm_compiled_ops():
+        # Native norms and activations where vLLM's compiled ops are absent.
+        compilation["custom_ops"] = ["none"]
+        kwargs["kernel_config"] = {
+            "ir_op_priority": {
+                "rms_norm": ["native"],
+                "fused_add_rms_norm": ["native"],
+            }
+        }
+    if model == "qwen3" and backend == "HPC_ATTN":
+        compilation["pass_config"] = {"fuse_qk_norm_rope_kvcache": True}
+        compilation["use_inductor_graph_partition"] = True
+    if model == "hy3":
+        kwargs["quantization"] = "fp8"
+        kwargs["moe_backend"] = "hpc"
+    t0 = time.perf_counter()
+    llm = LLM(
+        model=str(model_dir),
+        load_format="dummy",
+        dtype="bfloat16",
+        attention_backend=backend,
+        kv_cache_dtype=KV_DTYPES[kv],
+        compilation_config=compilation,
+        gpu_memory_utilization=0.5,
+        max_model_len=LONG_PROMPT + 1024,
+        max_num_seqs=32,
+        max_num_batched_tokens=LONG_PROMPT,
+        enable_prefix_caching=False,
+        skip_tokenizer_init=True,
+        seed=0,
+        **kwargs,
+    )
+    result["init_s"] = round(time.perf_counter() - t0, 1)
+    result["vllm_compiled_ops"] = "custom_ops" not in compilation
+    result["reinit_tensors"] = llm.collective_rpc(_reinit_weights, args=(1234,))[0]
+    engine = llm.llm_engine
+    rng = random.Random(0)
+
+    # Agreement: greedy top log-probabilities.
+    params = SamplingParams(
+        max_tokens=AGREEMENT_STEPS,
+        temperature=0.0,
+        logprobs=AGREEMENT_LOGPROBS,
+        detokenize=False,
+        ignore_eos=True,
+    )
+    prompts = [_prompt(rng, 300 + 700 * i) for i in range(AGREEMENT_PROMPTS)]
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    result["agreement"] = [
+        {
+            "tokens": list(o.outputs[0].token_ids),
+            "logprobs": [
+                {str(t): lp.logprob for t, lp in step.items()}
+                for step in o.outputs[0].logprobs
+            ],
+        }
+        for o in outs
+    ]
+
+    # Decode: the mixed batch.
+    params = SamplingParams(
+        max_tokens=DECODE_STEPS, temperature=0.0, detokenize=False, ignore_eos=True
+    )
+    lengths = [LONG_PROMPT] + [SHORT_PROMPT] * NUM_SHORT
+    for i, n in enumerate(lengths):
+        engine.add_request(f"decode-{i}", _prompt(rng, n), params)
+    steps = _step_until_done(engine)
+    result["decode_step_us"] = statistics.median(steps[-TIMED_DECODE_STEPS:]) * 1e6
+    result["decode_steps"] = len(steps)
+
+    # Prefill: one long prompt, a token out.
+    params = SamplingParams(
+        max_tokens=1, temperature=0.0, detokenize=False, ignore_eos=True
+    )
+    ttft = []
+    for i in range(PREFILL_REPEATS + 1):
+        engine.add_request(f"prefill-{i}", _prompt(rng, LONG_PROMPT), params)
+        ttft.append(sum(_step_until_done(engine)))
+    result["prefill_us"] = statistics.median(ttft[1:]) * 1e6  # the first warms up
+    path.write_text(json.dumps(result))
+
+
+# ---------------------------------------------------------------------------
+# The driver
+# ---------------------------------------------------------------------------
+
+
+def _agreement(hpc: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    """Greedy-token agreement and the largest log-probability difference
+    over the tokens both runs list, at the steps whose prefixes agree."""
+    same_first = 0
+    same_all = 0
+    max_diff = 0.0
+    compared = 0
+    for a, b in zip(hpc["agreement"], ref["agreement"], strict=True):
+        same_first += a["tokens"][:1] == b["tokens"][:1]
+        same_all += a["tokens"] == b["tokens"]
+        for step, (la, lb) in enumerate(zip(a["logprobs"], b["logprobs"], strict=True)):
+            if a["tokens"][:step] != b["tokens"][:step]:
+                break
+            for token in set(la) & set(lb):
+                max_diff = max(max_diff, abs(la[token] - lb[token]))
+                compared += 1
+    n = len(hpc["agreement"])
+    return {
+        "same_first_token": f"{same_first}/{n}",
+        "same_tokens": f"{same_all}/{n}",
+        "max_abs_logprob_diff": round(max_diff, 4),
+        "logprobs_compared": compared,
+    }
+
+
+def _records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    records = []
+    by_key = {(r["model"], r["kv"], r["backend"]): r for r in runs if "error" not in r}
+    for model, kv in sorted({(r["model"], r["kv"]) for r in runs}):
+        hpc = by_key.get((model, kv, "HPC_ATTN"))
+        for what, field in (("decode", "decode_step_us"), ("prefill", "prefill_us")):
+            timings = {
+                IMPL_NAMES[b]: by_key[(model, kv, b)][field]
+                for b in IMPL_NAMES
+                if (model, kv, b) in by_key
+            }
+            for impl, us in timings.items():
+                extra: dict[str, Any] = {}
+                run = by_key[
+                    (model, kv, next(k for k, v in IMPL_NAMES.items() if v == impl))
+                ]
+                extra["init_s"] = run["init_s"]
+                if impl == "hpc" and what == "decode":
+                    ref = by_key.get((model, kv, "TRITON_ATTN"))
+                    if ref is not None:
+                        extra["agreement_triton_attn"] = _agreement(hpc, ref)
+                record = bench_utils.make_record(
+                    "E2E", f"{model}-{kv}-{what}", impl, us, None, **extra
+                )
+                if impl == "hpc":
+                    record["ratios"] = bench_utils.ratios_over(timings, "hpc")
+                records.append(record)
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="llama,qwen3,hy3")
+    parser.add_argument("--kv", default="bf16,fp8")
+    parser.add_argument("--backends", default=",".join(IMPL_NAMES))
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--merge", type=Path, help="runs of an earlier call (runs.json)"
+    )
+    parser.add_argument("--timeout", type=int, default=400, help="seconds per run")
+    parser.add_argument("--one", nargs=4, metavar=("MODEL", "KV", "BACKEND", "PATH"))
+    args = parser.parse_args()
+    if args.one:
+        model, kv, backend, path = args.one
+        run_one(model, kv, backend, args.layers, Path(path))
+        return
+    if not 2 <= args.layers <= 4:
+        parser.error("--layers: 2..4")
+    for flag, allowed in (
+        ("models", MODELS),
+        ("kv", KV_DTYPES),
+        ("backends", IMPL_NAMES),
+    ):
+        unknown = set(getattr(args, flag).split(",")) - set(allowed)
+        if unknown:
+            parser.error(f"unknown {flag}: {', '.join(sorted(unknown))}")
+
+    started = time.monotonic()
+    runs: list[dict[str, Any]] = []
+    if args.merge is not None:
+        runs = json.loads(args.merge.read_text())
+    out = args.out or Path(tempfile.mkdtemp(prefix="e2e_"))
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="e2e_runs_"))
+    for model in args.models.split(","):
+        for kv in args.kv.split(","):
+            for backend in args.backends.split(","):
+                path = work / f"{model}-{kv}-{backend}.json"
+                log = out / "e2e_runs.log"
+                cmd = [sys.executable, __file__, "--layers", str(args.layers)]
+                cmd += ["--one", model, kv, backend, str(path)]
+                t0 = time.monotonic()
+                with log.open("a") as f:
+                    f.write(f"=== {model} {kv} {backend}\n")
+                    f.flush()
+                    try:
+                        rc = subprocess.run(
+                            cmd,
+                            stdout=f,
+                            stderr=subprocess.STDOUT,
+                            timeout=args.timeout,
+                        ).returncode
+                    except subprocess.TimeoutExpired:
+                        rc = "timeout"
+                entry = {"model": model, "kv": kv, "backend": backend}
+                if path.is_file():
+                    entry = json.loads(path.read_text())
+                else:
+                    entry["error"] = f"exit {rc}; see e2e_runs.log"
+                runs.append(entry)
+                print(
+                    f"{model:6} {kv:5} {backend:12} {time.monotonic() - t0:6.1f} s "
+                    + (
+                        entry.get("error")
+                        or (
+                            f"decode {entry['decode_step_us']:9.0f} us  "
+                            f"prefill {entry['prefill_us']:9.0f} us  "
+                            f"init {entry['init_s']} s"
+                        )
+                    ),
+                    flush=True,
+                )
+                (out / "runs.json").write_text(json.dumps(runs))
+    failed = {
+        f"{r['model']}-{r['kv']}-{r['backend']}": r["error"]
+        for r in runs
+        if "error" in r
+    }
+    import torch
+
+    bench_utils.finish_run(
+        RESULT_NAME,
+        _records(runs),
+        bandwidth_gbps=bench_utils.measure_copy_bandwidth_gbps(),
+        out_dir=out,
+        impl="hpc",
+        started=started,
+        extra={
+            "layers": args.layers,
+            "failed_runs": failed,
+            "device": torch.cuda.get_device_name(),
+        },
+    )
+    if failed:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    main()
