@@ -115,6 +115,13 @@ MODELS: dict[str, dict[str, Any]] = {
         "route_norm": True,
         "router_scaling_factor": 2.826,
         "rope_parameters": {"rope_type": "default", "rope_theta": 11158840.0},
+        # A block-wise FP8 checkpoint: 128x128 weight blocks, dynamic 1x128
+        # activation groups.
+        "quantization_config": {
+            "quant_method": "fp8",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128],
+        },
     },
 }
 
@@ -218,7 +225,6 @@ def run_one(model: str, kv: str, backend: str, layers: int, path: Path) -> None:
         compilation["pass_config"] = {"fuse_qk_norm_rope_kvcache": True}
         compilation["use_inductor_graph_partition"] = True
     if model == "hy3":
-        kwargs["quantization"] = "fp8"
         kwargs["moe_backend"] = "hpc"
     t0 = time.perf_counter()
     llm = LLM(
