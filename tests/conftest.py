@@ -2,13 +2,14 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Shared test setup.
 
-* Makes ``vllm._hpc_ops`` importable. The sparse tree's ``vllm`` has no
-  ``__init__.py``, so the repository root is appended to ``sys.path`` (never
-  prepended): an installed vLLM keeps winning the ``vllm`` name, and with no
-  vLLM installed the tree's directory is a namespace package. When an
-  installed vLLM lacks ``_hpc_ops`` (the patch set is not applied to it), the
-  tree's ``vllm/_hpc_ops.py``, which imports torch only, is loaded under that
-  name. In a vLLM checkout this file is tests/kernels/hpc/conftest.py and the
+* Makes ``vllm._hpc_ops`` and the attention workspaces
+  (``vllm.v1.attention.ops.hpc_attn_workspace``) importable. The sparse
+  tree's ``vllm`` has no ``__init__.py``, so the repository root is appended
+  to ``sys.path`` (never prepended): an installed vLLM keeps winning the
+  ``vllm`` name, and with no vLLM installed the tree's directory is a
+  namespace package. When an installed vLLM lacks them (the patch set is not
+  applied to it), the tree's files, which import torch only, are loaded under
+  those names. In a vLLM checkout this file is tests/kernels/hpc/conftest.py and the
   checkout's own module is used.
 * Tests marked ``@pytest.mark.gpu`` are skipped, with the reason, unless an
   sm90 CUDA GPU is present and the ``_hpc_C`` library is loaded.
@@ -38,9 +39,9 @@ if not (_KERNEL_DIR / "rope_norm_reference.py").is_file():
 _KERNEL_TESTS = str(_KERNEL_DIR)
 if _KERNEL_TESTS not in sys.path:
     sys.path.insert(0, _KERNEL_TESTS)
-from rope_norm_reference import import_hpc_ops  # noqa: E402
+from rope_norm_reference import import_attn_workspace  # noqa: E402
 
-import_hpc_ops(REPO_ROOT)
+import_attn_workspace(REPO_ROOT)
 
 
 @functools.cache

@@ -2,11 +2,18 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Typed Python entry points of the ``_hpc_C`` kernels.
 
-One function per kernel entry point. Every function validates its inputs and
-raises ``ValueError`` naming the offending argument and the accepted values
-before anything reaches the kernels, which only ``TORCH_CHECK`` internal
-invariants. Fake (meta) implementations are registered so the ops trace under
-``torch.compile`` and ``FakeTensor``.
+One function per kernel entry point, in two forms. The checked form
+validates its inputs and raises ``ValueError`` naming the offending argument
+and the accepted values before anything reaches the kernels, which only
+``TORCH_CHECK`` internal invariants; the ``*_unchecked`` form is for callers
+that validated their configuration once. Fake (meta) implementations are
+registered so the ops trace under ``torch.compile`` and ``FakeTensor``.
+
+The ops take their persistent state from a workspace owned by the caller:
+``DecodeWorkspace`` and ``PrefillWorkspace``
+(``vllm/v1/attention/ops/hpc_attn_workspace.py``) and ``MoeWorkspace``
+(``vllm/model_executor/layers/fused_moe/hpc_moe.py``). The checked forms
+check the workspace fields they read, not its class.
 
 This module imports torch only: it must work on a machine that has the
 compiled library but no vLLM installation.
@@ -19,19 +26,22 @@ import enum
 import glob
 import math
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
+if TYPE_CHECKING:
+    from vllm.model_executor.layers.fused_moe.hpc_moe import MoeWorkspace
+    from vllm.v1.attention.ops.hpc_attn_workspace import (
+        DecodeWorkspace,
+        PrefillWorkspace,
+    )
+
 __all__ = [
     "DECODE_TILE_TOKENS",
-    "DecodePlan",
-    "DecodeWorkspace",
     "MOE_BLOCK_SHAPE",
     "MOE_MAX_TOPK",
     "MoeTiling",
-    "MoeWorkspace",
-    "PrefillPlan",
-    "PrefillWorkspace",
     "SplitMode",
     "QkNormPolicy",
     "SUPPORTED_BLOCK_SIZES",
@@ -42,8 +52,8 @@ __all__ = [
     "fused_moe_fp8",
     "fused_moe_fp8_unchecked",
     "moe_tiling",
+    "moe_workspace_bytes",
     "hpc_ops_available",
-    "plan_decode_host",
     "prefill_attention",
     "prefill_attention_unchecked",
     "rope_norm_store_kv",
@@ -57,6 +67,8 @@ FP8_E4M3_MAX = 448.0
 
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
+# Where the kernels' tensors may live: CUDA, or meta while tracing.
+_KERNEL_DEVICES = ("cuda", "meta")
 
 
 class QkNormPolicy(enum.IntEnum):
@@ -158,6 +170,37 @@ def _check_aligned(name: str, t: torch.Tensor) -> None:
 def _check_contiguous(name: str, t: torch.Tensor) -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def _check_workspace(
+    workspace: object, kind: str, op: str, **fields: torch.dtype
+) -> torch.device:
+    """The tensor fields ``op`` reads of ``workspace`` (a ``kind``), by
+    keyword with their dtypes: each present and a tensor of its dtype, all
+    on the first one's device, a CUDA device (meta while tracing), which is
+    returned."""
+    device = None
+    first = ""
+    for field, dtype in fields.items():
+        name = f"workspace.{field}"
+        t = getattr(workspace, field, None)
+        if t is None:
+            raise ValueError(
+                f"{name} is missing: workspace must be a {kind}, got "
+                f"{type(workspace).__name__}"
+            )
+        _check_tensor(name, t)
+        _check_dtype(name, t, (dtype,))
+        if device is None:
+            device, first = t.device, name
+            if device.type not in _KERNEL_DEVICES:
+                raise ValueError(f"{name} is on {device}; {op} needs a CUDA device")
+        elif t.device != device:
+            raise ValueError(
+                f"{name} is on {t.device}; expected {first}'s device {device}"
+            )
+    assert device is not None
+    return device
 
 
 def _check_cache_pair(
@@ -506,8 +549,10 @@ def rope_norm_store_kv_unchecked(
 
 DECODE_TILE_TOKENS = 64
 MAX_DECODE_QUERY_TOKENS = 4
-_STATIC_MAX_SPLITS = 16
 _DECODE_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
+# Where the attention workspaces live, for the messages that name them.
+_ATTN_WORKSPACES = "vllm/v1/attention/ops/hpc_attn_workspace.py"
+_DECODE_WORKSPACE = f"DecodeWorkspace ({_ATTN_WORKSPACES})"
 
 
 class SplitMode(enum.IntEnum):
@@ -525,62 +570,13 @@ class SplitMode(enum.IntEnum):
     STATIC = 2
 
 
-def _decode_plan_layout(max_units: int, num_ctas: int) -> list[int]:
-    """decode_plan.h's PlanLayout, asked of C++: [header size, offsets of
-    unit_granule_offset, unit_num_pieces, unit_first_partial,
-    cta_granule_begin, cta_first_unit, plan size], in int32 elements."""
-    _require_library()
-    return list(torch.ops._hpc_C.decode_plan_layout(max_units, num_ctas))
-
-
 def decode_plan_size(max_units: int, num_ctas: int) -> int:
     """int32 elements of a plan for up to ``max_units`` (batch x KV heads)
-    units and ``num_ctas`` CTA slots (see decode_plan.h's PlanLayout).
+    units and ``num_ctas`` CTA slots (decode_plan.h's PlanLayout, asked of
+    C++: ``decode_plan_layout`` lists the arrays' offsets, then the size).
     """
-    return _decode_plan_layout(max_units, num_ctas)[-1]
-
-
-def _plan_ctas(mode: SplitMode, num_ctas: int, max_units: int) -> int:
-    # The static mode gives every piece its own CTA.
-    return max_units * _STATIC_MAX_SPLITS if mode == SplitMode.STATIC else num_ctas
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodePlan:
-    """Views of a plan workspace, for tests and host-side callers."""
-
-    num_units: int
-    total_granules: int
-    num_ctas: int
-    num_partials: int
-    split_tiles: int
-    query_tokens: int
-    mode: int
-    window: int
-    unit_granule_offset: torch.Tensor  # [num_units + 1]
-    unit_num_pieces: torch.Tensor  # [num_units]
-    unit_first_partial: torch.Tensor  # [num_units], -1: written directly
-    cta_granule_begin: torch.Tensor  # [num_ctas + 1]
-    cta_first_unit: torch.Tensor  # [num_ctas]
-
-    @classmethod
-    def from_workspace(
-        cls, plan: torch.Tensor, max_units: int, max_ctas: int
-    ) -> DecodePlan:
-        plan = plan.cpu()
-        header_size, o_offset, o_pieces, o_partial, o_begin, o_first, _ = (
-            _decode_plan_layout(max_units, max_ctas)
-        )
-        header = [int(v) for v in plan[:header_size].tolist()]
-        units, _, ctas = header[0], header[1], header[2]
-        return cls(
-            *header,
-            unit_granule_offset=plan[o_offset : o_offset + units + 1],
-            unit_num_pieces=plan[o_pieces : o_pieces + units],
-            unit_first_partial=plan[o_partial : o_partial + units],
-            cta_granule_begin=plan[o_begin : o_begin + ctas + 1],
-            cta_first_unit=plan[o_first : o_first + ctas],
-        )
+    _require_library()
+    return int(torch.ops._hpc_C.decode_plan_layout(max_units, num_ctas)[-1])
 
 
 def _check_split_len(name: str, value: int) -> None:
@@ -608,262 +604,6 @@ def _resolve_mode(mode: SplitMode | None, fixed_split_len: int) -> SplitMode:
             f"multiple of {DECODE_TILE_TOKENS}"
         )
     return mode
-
-
-def _validate_plan_args(
-    kv_lens: torch.Tensor,
-    num_kv_heads: int,
-    query_tokens: int,
-    num_ctas: int,
-    min_split_len: int,
-    fixed_split_len: int,
-    window: int,
-) -> None:
-    _check_tensor("kv_lens", kv_lens)
-    _check_ndim("kv_lens", kv_lens, 1, "[batch]")
-    _check_dtype("kv_lens", kv_lens, (torch.int32,))
-    _check_positive(num_kv_heads=num_kv_heads)
-    _check_query_tokens(query_tokens)
-    _check_positive(num_ctas=num_ctas)
-    _check_split_len("min_split_len", min_split_len)
-    _check_split_len("fixed_split_len", fixed_split_len)
-    if window < 0:
-        raise ValueError(f"window is {window}; accepted: 0 (none) or a positive int")
-
-
-def plan_decode_host(
-    kv_lens: torch.Tensor,
-    num_kv_heads: int,
-    query_tokens: int,
-    num_ctas: int,
-    *,
-    min_split_len: int = 256,
-    fixed_split_len: int = 0,
-    max_batch: int | None = None,
-    window: int = 0,
-    mode: SplitMode | None = None,
-) -> torch.Tensor:
-    """Split-KV decode plan for KV lengths held on the host.
-
-    ``kv_lens``: int32 ``[batch]`` on the CPU. ``num_ctas``: persistent CTAs
-    offered (e.g. the SM count). ``min_split_len`` (tokens): the balanced
-    mode uses no more CTAs than keep this many tokens each.
-    ``fixed_split_len`` > 0 selects the batch-invariant mode with pieces of
-    that many tokens unless ``mode`` says otherwise. ``window``: sliding
-    window in tokens (0: none); tiles no query can see are not planned.
-    Returns the int32 plan (``decode_plan_size(max_batch * num_kv_heads,
-    plan CTA slots)`` elements); read it with :meth:`DecodePlan.from_workspace`
-    (the static mode has ``max_batch * num_kv_heads * 16`` CTA slots).
-    """
-    _validate_plan_args(
-        kv_lens,
-        num_kv_heads,
-        query_tokens,
-        num_ctas,
-        min_split_len,
-        fixed_split_len,
-        window,
-    )
-    if kv_lens.device.type != "cpu":
-        raise ValueError(f"kv_lens must be on the CPU, got {kv_lens.device}")
-    mode = _resolve_mode(mode, fixed_split_len)
-    batch = kv_lens.shape[0] if max_batch is None else max_batch
-    if batch < kv_lens.shape[0]:
-        raise ValueError(f"max_batch {batch} < len(kv_lens) {kv_lens.shape[0]}")
-    _require_library()
-    max_units = batch * num_kv_heads
-    max_ctas = _plan_ctas(mode, num_ctas, max_units)
-    plan = torch.zeros(decode_plan_size(max_units, max_ctas), dtype=torch.int32)
-    torch.ops._hpc_C.plan_decode(
-        kv_lens.contiguous(),
-        plan,
-        num_kv_heads,
-        query_tokens,
-        window,
-        num_ctas if mode != SplitMode.STATIC else max_ctas,
-        max_units,
-        min_split_len // DECODE_TILE_TOKENS,
-        int(mode),
-        fixed_split_len // DECODE_TILE_TOKENS,
-    )
-    return plan
-
-
-def _device_sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-@dataclasses.dataclass
-class DecodeWorkspace:
-    """Persistent state of split-KV decode: the plan and the partial buffers.
-
-    Created once (from the maximum batch, the KV-cache capacity and the
-    device's SM count) and reused every step: :meth:`plan` runs the GPU
-    planner for the step's lengths (once for all layers), and
-    :func:`decode_attention` follows the plan. Nothing is allocated per call,
-    so both are CUDA-graph capturable.
-    """
-
-    plan_buffer: torch.Tensor
-    partial_out: torch.Tensor
-    partial_lse: torch.Tensor
-    piece_counters: torch.Tensor  # int32 [max_units], zero between calls
-    max_batch: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    max_query_tokens: int
-    num_ctas: int
-    max_ctas: int
-    mode: SplitMode
-    min_split_tiles: int
-    split_tiles: int
-    window: int
-
-    @property
-    def max_units(self) -> int:
-        return self.max_batch * self.num_kv_heads
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        max_batch: int,
-        num_q_heads: int,
-        num_kv_heads: int,
-        head_size: int,
-        max_kv_tokens: int,
-        device: torch.device | str,
-        max_query_tokens: int = 1,
-        kv_cache_dtype: torch.dtype = torch.bfloat16,
-        mode: SplitMode | None = None,
-        min_split_len: int = 256,
-        fixed_split_len: int = 0,
-        window: int = 0,
-        num_ctas: int | None = None,
-    ) -> DecodeWorkspace:
-        """Sizes the workspace.
-
-        ``max_kv_tokens``: KV-cache capacity in tokens (blocks x block size);
-        it bounds the pieces of the batch-invariant and static modes.
-        ``mode``: default BALANCED, or BATCH_INVARIANT when
-        ``fixed_split_len`` is given.
-        ``kv_cache_dtype``: the cache's dtype, which sets how many decode
-        CTAs share an SM. ``num_ctas``: persistent CTAs (default: the SM
-        count times the CTAs per SM of this configuration).
-        """
-        device = torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"device must be a CUDA device, got {device}")
-        _check_positive(
-            max_batch=max_batch, num_kv_heads=num_kv_heads, max_kv_tokens=max_kv_tokens
-        )
-        if head_size not in SUPPORTED_HEAD_SIZES:
-            raise ValueError(
-                f"head_size is {head_size}; accepted: {SUPPORTED_HEAD_SIZES}"
-            )
-        _check_gqa(num_q_heads, num_kv_heads)
-        _check_query_tokens(max_query_tokens)
-        group = num_q_heads // num_kv_heads
-        _check_split_len("min_split_len", min_split_len)
-        _check_split_len("fixed_split_len", fixed_split_len)
-        mode = _resolve_mode(mode, fixed_split_len)
-        if window < 0:
-            raise ValueError(
-                f"window is {window}; accepted: 0 (none) or a positive int"
-            )
-        _check_dtype(
-            "kv_cache_dtype", torch.empty(0, dtype=kv_cache_dtype), _DECODE_KV_DTYPES
-        )
-        if num_ctas is None:
-            _require_library()
-            elem_bytes = 1 if kv_cache_dtype == torch.float8_e4m3fn else 2
-            num_ctas = _device_sm_count(device) * torch.ops._hpc_C.decode_ctas_per_sm(
-                head_size, elem_bytes
-            )
-        _check_positive(num_ctas=num_ctas)
-        max_units = max_batch * num_kv_heads
-        split_tiles = fixed_split_len // DECODE_TILE_TOKENS
-        max_ctas = _plan_ctas(mode, num_ctas, max_units)
-        if mode == SplitMode.BALANCED:
-            # A CTA holds at most two pieces of split units: its first and
-            # its last.
-            max_partials = 2 * num_ctas
-        elif mode == SplitMode.STATIC:
-            max_partials = max_units * _STATIC_MAX_SPLITS
-        else:
-            # Pieces of unit u: ceil(T_u / S) <= T_u / S + 1, and the tiles of
-            # all units are bounded by the cache capacity.
-            max_tiles = num_kv_heads * (
-                -(-max_kv_tokens // DECODE_TILE_TOKENS) + max_batch
-            )
-            max_partials = max_units + -(-max_tiles // split_tiles)
-        rows = max_query_tokens * group
-        return cls(
-            plan_buffer=torch.zeros(
-                decode_plan_size(max_units, max_ctas), dtype=torch.int32, device=device
-            ),
-            partial_out=torch.empty(
-                max_partials * rows * head_size, dtype=torch.float32, device=device
-            ),
-            partial_lse=torch.empty(
-                max_partials * rows, dtype=torch.float32, device=device
-            ),
-            piece_counters=torch.zeros(max_units, dtype=torch.int32, device=device),
-            max_batch=max_batch,
-            num_q_heads=num_q_heads,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            max_query_tokens=max_query_tokens,
-            num_ctas=num_ctas,
-            max_ctas=max_ctas,
-            mode=mode,
-            min_split_tiles=min_split_len // DECODE_TILE_TOKENS,
-            split_tiles=split_tiles,
-            window=window,
-        )
-
-    def plan(self, kv_lens: torch.Tensor, query_tokens: int = 1) -> None:
-        """Runs the GPU planner for this step's KV lengths (int32 ``[batch]``
-        on the workspace's device, including the query tokens)."""
-        _check_tensor("kv_lens", kv_lens)
-        _check_ndim("kv_lens", kv_lens, 1, "[batch]")
-        _check_dtype("kv_lens", kv_lens, (torch.int32,))
-        if kv_lens.device != self.plan_buffer.device:
-            raise ValueError(
-                f"kv_lens is on {kv_lens.device}; expected {self.plan_buffer.device}"
-            )
-        _check_contiguous("kv_lens", kv_lens)
-        if kv_lens.shape[0] > self.max_batch:
-            raise ValueError(
-                f"batch {kv_lens.shape[0]} exceeds the workspace's max_batch "
-                f"{self.max_batch}"
-            )
-        _check_query_tokens(query_tokens)
-        if query_tokens > self.max_query_tokens:
-            raise ValueError(
-                f"query_tokens is {query_tokens}; this workspace accepts "
-                f"1..{self.max_query_tokens}"
-            )
-        _require_library()
-        torch.ops._hpc_C.plan_decode(
-            kv_lens,
-            self.plan_buffer,
-            self.num_kv_heads,
-            query_tokens,
-            self.window,
-            self.max_ctas if self.mode == SplitMode.STATIC else self.num_ctas,
-            self.max_units,
-            self.min_split_tiles,
-            int(self.mode),
-            self.split_tiles,
-        )
-
-    def read_plan(self) -> DecodePlan:
-        """The current plan, copied to the host (synchronises; for tests)."""
-        return DecodePlan.from_workspace(
-            self.plan_buffer, self.max_units, self.max_ctas
-        )
 
 
 def _check_gqa(num_q_heads: int, num_kv_heads: int) -> None:
@@ -1044,8 +784,17 @@ def _validate_decode(
     scale: float,
     softcap: float,
 ) -> None:
+    device = _check_workspace(
+        workspace,
+        _DECODE_WORKSPACE,
+        "decode_attention",
+        plan_buffer=torch.int32,
+        partial_out=torch.float32,
+        partial_lse=torch.float32,
+        piece_counters=torch.int32,
+    )
     _check_on_device(
-        workspace.plan_buffer.device,
+        device,
         q=q,
         key_cache=key_cache,
         value_cache=value_cache,
@@ -1201,61 +950,7 @@ def decode_attention_unchecked(
 # Paged prefill: tile planner and prefill / chunked-prefill attention
 # ---------------------------------------------------------------------------
 
-# Header fields of a prefill plan, in order (prefill_plan.h PlanHeader).
-_PREFILL_PLAN_HEADER = 8
-_PREFILL_HEADER_FIELDS = (
-    "num_tiles",
-    "tile_tokens",
-    "num_kv_heads",
-    "batch",
-    "max_batch",
-    "max_tiles",
-    "cost_shift",
-)
-# A packed tile keeps its KV head in the low 8 bits (prefill_plan.h).
-_PREFILL_MAX_KV_HEADS = 256
-_INT32_MAX = 2**31 - 1
-_PREFILL_DEVICES = ("cuda", "meta")
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefillPlan:
-    """A prefill plan copied to the host, for tests and host-side callers.
-
-    The plan lists every (request, m-block, KV head) tile of the batch: an
-    m-block is ``tile_tokens`` consecutive query tokens of one request, all
-    query heads of one KV head. Tiles come longest first by cost bucket
-    (keys the block's last query token sees, shifted right by
-    ``cost_shift``), KV-head-major inside each bucket.
-    """
-
-    num_tiles: int
-    tile_tokens: int
-    num_kv_heads: int
-    batch: int
-    max_batch: int
-    max_tiles: int
-    cost_shift: int
-    request_first_item: torch.Tensor  # int32 [batch + 1]: m-block prefix
-    tiles: torch.Tensor  # int32 [num_tiles, 3]: request, m_block, kv_head
-
-    @classmethod
-    def from_buffer(cls, plan: torch.Tensor) -> PrefillPlan:
-        """Reads a plan buffer written by ``plan_prefill`` (synchronises)."""
-        plan = plan.cpu()
-        values = plan[: len(_PREFILL_HEADER_FIELDS)].tolist()
-        header = dict(zip(_PREFILL_HEADER_FIELDS, map(int, values), strict=True))
-        first = _PREFILL_PLAN_HEADER
-        at = first + header["max_batch"] + 1
-        packed = plan[at : at + 2 * header["num_tiles"]].view(-1, 2)
-        tiles = torch.stack(
-            (packed[:, 0], packed[:, 1] >> 8, packed[:, 1] & 0xFF), dim=1
-        )
-        return cls(
-            **header,
-            request_first_item=plan[first : first + header["batch"] + 1],
-            tiles=tiles,
-        )
+_PREFILL_WORKSPACE = f"PrefillWorkspace ({_ATTN_WORKSPACES})"
 
 
 def _check_lengths(
@@ -1284,106 +979,6 @@ def _check_lengths(
     return batch
 
 
-@dataclasses.dataclass
-class PrefillWorkspace:
-    """The tile plan of paged prefill attention.
-
-    Created once for the largest step (``max_tokens`` query tokens in up to
-    ``max_batch`` requests) and reused: :meth:`plan` runs the planner for the
-    step's lengths, once for all layers, and :func:`prefill_attention`
-    follows the plan. Nothing is allocated per call, so both are CUDA-graph
-    capturable.
-    """
-
-    plan_buffer: torch.Tensor  # int32, flat
-    max_tokens: int
-    max_batch: int
-    num_q_heads: int
-    num_kv_heads: int
-    max_tiles: int
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        max_tokens: int,
-        max_batch: int,
-        num_q_heads: int,
-        num_kv_heads: int,
-        device: torch.device | str,
-    ) -> PrefillWorkspace:
-        """Allocates a plan for up to ``max_tokens`` query tokens in up to
-        ``max_batch`` requests with ``num_q_heads`` / ``num_kv_heads`` heads.
-        ``device``: a CUDA device (the GPU planner), or the CPU, where
-        :meth:`plan` runs the host planner (for tests; the attention itself
-        needs CUDA)."""
-        device = torch.device(device)
-        if device.type not in ("cuda", "cpu"):
-            raise ValueError(
-                f"device must be a CUDA device (or the CPU for the host planner), "
-                f"got {device}"
-            )
-        _check_positive(
-            max_tokens=max_tokens, max_batch=max_batch, num_kv_heads=num_kv_heads
-        )
-        for name, value in (("max_tokens", max_tokens), ("max_batch", max_batch)):
-            if value >= _INT32_MAX:
-                raise ValueError(f"{name} is {value}; accepted: below 2**31 - 1")
-        if num_kv_heads > _PREFILL_MAX_KV_HEADS:
-            raise ValueError(
-                f"num_kv_heads is {num_kv_heads}; accepted: 1..{_PREFILL_MAX_KV_HEADS}"
-            )
-        _check_gqa(num_q_heads, num_kv_heads)
-        _require_library()
-        max_tiles, size = (
-            int(v)
-            for v in torch.ops._hpc_C.prefill_plan_layout(
-                max_tokens, max_batch, num_q_heads, num_kv_heads
-            )
-        )
-        return cls(
-            plan_buffer=torch.zeros(size, dtype=torch.int32, device=device),
-            max_tokens=max_tokens,
-            max_batch=max_batch,
-            num_q_heads=num_q_heads,
-            num_kv_heads=num_kv_heads,
-            max_tiles=max_tiles,
-        )
-
-    def plan(self, query_start_loc: torch.Tensor, seq_lens: torch.Tensor) -> None:
-        """Plans the step: ``query_start_loc`` int32 ``[batch + 1]`` (request
-        b's query tokens are rows ``[query_start_loc[b], query_start_loc[b +
-        1])`` of ``q``) and ``seq_lens`` int32 ``[batch]`` (request b's keys,
-        its cached context plus its new tokens), on the workspace's device.
-
-        On a CUDA device the planner runs on the GPU without synchronising,
-        so the lengths are not checked against the workspace: the total must
-        be at most ``max_tokens`` query tokens, or the planner stops the
-        launch with a device-side trap (which ends the CUDA context) instead
-        of writing past the plan. On the CPU the host planner raises.
-        """
-        batch = _check_lengths(query_start_loc, seq_lens, self.plan_buffer.device)
-        if batch > self.max_batch:
-            raise ValueError(
-                f"batch {batch} (seq_lens.shape[0]) exceeds the workspace's "
-                f"max_batch {self.max_batch}"
-            )
-        _require_library()
-        torch.ops._hpc_C.plan_prefill(
-            query_start_loc,
-            seq_lens,
-            self.plan_buffer,
-            self.num_q_heads,
-            self.num_kv_heads,
-            self.max_batch,
-            self.max_tiles,
-        )
-
-    def read_plan(self) -> PrefillPlan:
-        """The current plan, copied to the host (synchronises; for tests)."""
-        return PrefillPlan.from_buffer(self.plan_buffer)
-
-
 def _validate_prefill(
     q: torch.Tensor,
     key_cache: torch.Tensor,
@@ -1400,17 +995,9 @@ def _validate_prefill(
     softcap: float,
     window: int,
 ) -> None:
-    if not isinstance(workspace, PrefillWorkspace):
-        raise ValueError(
-            f"workspace must be a PrefillWorkspace, got {type(workspace).__name__}"
-        )
-    _check_tensor("workspace.plan_buffer", workspace.plan_buffer)
-    device = workspace.plan_buffer.device
-    if device.type not in _PREFILL_DEVICES:
-        raise ValueError(
-            f"workspace.plan_buffer is on {device}; prefill_attention needs a "
-            "CUDA device"
-        )
+    device = _check_workspace(
+        workspace, _PREFILL_WORKSPACE, "prefill_attention", plan_buffer=torch.int32
+    )
     _check_on_device(
         device,
         q=q,
@@ -1583,7 +1170,7 @@ _MOE_HIDDEN_ALIGN = 128
 _MOE_INTERMEDIATE_ALIGN = 64
 _MOE_FP8 = torch.float8_e4m3fn
 _MOE_HIDDEN_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
-_MOE_TRACE_DEVICES = ("cuda", "meta")
+_MOE_WORKSPACE = "MoeWorkspace (vllm/model_executor/layers/fused_moe/hpc_moe.py)"
 
 
 def _moe_op_built() -> bool:
@@ -1619,59 +1206,29 @@ def _check_topk(topk: int, name: str = "topk") -> None:
         raise ValueError(f"{name} is {topk}; accepted: 1..{MOE_MAX_TOPK}")
 
 
-@dataclasses.dataclass
-class MoeWorkspace:
-    """Scratch memory of :func:`fused_moe_fp8`: routing tables, the quantized
-    activations and the intermediate, sized once for the largest batch.
-
-    One workspace serves every MoE layer of a model with the same shapes
-    (calls on one stream run one after another). Nothing is allocated per
-    call, so the op is CUDA-graph capturable.
-    """
-
-    buffer: torch.Tensor  # uint8, flat, on the device
-    max_tokens: int
-    topk: int
-    num_local_experts: int
-    hidden_size: int
-    intermediate_size: int
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        max_tokens: int,
-        topk: int,
-        num_local_experts: int,
-        hidden_size: int,
-        intermediate_size: int,
-        device: torch.device | str,
-    ) -> MoeWorkspace:
-        """Allocates a workspace for up to ``max_tokens`` tokens routed to
-        ``topk`` experts each, over ``num_local_experts`` experts of shape
-        ``hidden_size`` x ``intermediate_size`` (per rank)."""
-        device = torch.device(device)
-        if device.type != "cuda":
-            raise ValueError(f"device must be a CUDA device, got {device}")
-        _check_positive(max_tokens=max_tokens, num_local_experts=num_local_experts)
-        _check_topk(topk)
-        # The per-tensor alignment is the weaker one; block-wise calls check
-        # theirs when they run.
-        _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
-        _require_moe_op()
-        nbytes = int(
-            torch.ops._hpc_C.moe_workspace_bytes(
-                max_tokens, topk, num_local_experts, hidden_size, intermediate_size
-            )
+def moe_workspace_bytes(
+    max_tokens: int,
+    topk: int,
+    num_local_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+) -> int:
+    """Bytes of the scratch memory (routing tables, quantized activations,
+    the intermediate) :func:`fused_moe_fp8` needs for up to ``max_tokens``
+    tokens routed to ``topk`` experts each, over ``num_local_experts``
+    experts of shape ``hidden_size`` x ``intermediate_size`` (per rank);
+    asked of the library."""
+    _check_positive(max_tokens=max_tokens, num_local_experts=num_local_experts)
+    _check_topk(topk)
+    # The per-tensor alignment is the weaker one; block-wise calls check
+    # theirs when they run.
+    _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
+    _require_moe_op()
+    return int(
+        torch.ops._hpc_C.moe_workspace_bytes(
+            max_tokens, topk, num_local_experts, hidden_size, intermediate_size
         )
-        return cls(
-            buffer=torch.zeros(nbytes, dtype=torch.uint8, device=device),
-            max_tokens=max_tokens,
-            topk=topk,
-            num_local_experts=num_local_experts,
-            hidden_size=hidden_size,
-            intermediate_size=intermediate_size,
-        )
+    )
 
 
 def _check_rows(name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
@@ -1730,10 +1287,10 @@ def _validate_moe(
 ) -> bool:
     """Checks every argument of :func:`fused_moe_fp8`; returns whether the
     call is block-wise."""
-    if not isinstance(workspace, MoeWorkspace):
-        raise ValueError(
-            f"workspace must be a MoeWorkspace, got {type(workspace).__name__}"
-        )
+    device = _check_workspace(
+        workspace, _MOE_WORKSPACE, "fused_moe_fp8", buffer=torch.uint8
+    )
+    _check_ndim("workspace.buffer", workspace.buffer, 1, "[bytes]")
     for name, t in (
         ("hidden_states", hidden_states),
         ("w13", w13),
@@ -1895,14 +1452,8 @@ def _validate_moe(
             f"{num_tokens}, topk={topk}, num_local_experts={num_experts}, "
             f"hidden_size={hidden_size}, intermediate_size={inter}"
         )
-    _check_tensor("workspace.buffer", workspace.buffer)
-    _check_dtype("workspace.buffer", workspace.buffer, (torch.uint8,))
-    _check_ndim("workspace.buffer", workspace.buffer, 1, "[bytes]")
 
-    # One CUDA device (meta while tracing).
-    device = workspace.buffer.device
-    if device.type not in _MOE_TRACE_DEVICES:
-        raise ValueError(f"workspace.buffer is on {device}; expected a CUDA device")
+    # One CUDA device (meta while tracing), the workspace's.
     for name, t in (
         ("hidden_states", hidden_states),
         ("w13", w13),

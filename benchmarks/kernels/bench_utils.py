@@ -62,6 +62,16 @@ def import_hpc_ops() -> ModuleType:
     return hpc_ops
 
 
+def import_attn_workspace() -> ModuleType:
+    """``vllm.v1.attention.ops.hpc_attn_workspace`` (the decode and prefill
+    workspaces; torch and the op module only), found as
+    :func:`import_hpc_ops` finds the op module."""
+    import_hpc_ops()
+    import vllm.v1.attention.ops.hpc_attn_workspace as workspaces
+
+    return workspaces
+
+
 def unavailable_reason() -> str | None:
     """Why the HPC kernels cannot be benchmarked here, or None."""
     if not torch.cuda.is_available():

@@ -90,6 +90,7 @@ from bench_utils import (
     flex_page_maps,
     flex_paged_block_mask,
     gather_tokens,
+    import_attn_workspace,
     import_hpc_ops,
     json_float,
     make_record,
@@ -317,7 +318,7 @@ Impl = Callable[[InputSet], torch.Tensor]
 def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, mode: Any) -> Impl:
     hq, hkv = case.heads
     q_tokens = case.query_tokens
-    ws = hpc_ops.DecodeWorkspace.create(
+    ws = import_attn_workspace().DecodeWorkspace.create(
         max_batch=case.batch,
         num_q_heads=hq,
         num_kv_heads=hkv,
@@ -740,7 +741,7 @@ def bench_plan(
     pool = torch.cuda.graph_pool_handle()
     for impl, mode in modes.items():
         try:
-            ws = hpc_ops.DecodeWorkspace.create(
+            ws = import_attn_workspace().DecodeWorkspace.create(
                 max_batch=case.batch,
                 num_q_heads=hq,
                 num_kv_heads=hkv,
@@ -751,11 +752,6 @@ def bench_plan(
                 mode=mode,
             )
             ws.plan(kv_lens, 1)
-            plan = ws.read_plan()
-            if plan.num_units != case.batch * hkv:
-                raise RuntimeError(
-                    f"plan has {plan.num_units} units, expected {case.batch * hkv}"
-                )
             if impl == HPC:
                 # Lengths read, plan written.
                 plan_bytes = 4 * kv_lens.numel() + 4 * ws.plan_buffer.numel()

@@ -48,7 +48,8 @@ bandwidth measured in the same run.
 
 Implementations, on the same inputs and timed the same way:
 
-* ``hpc``: ``fused_moe_fp8`` with a ``MoeWorkspace`` sized for the case;
+* ``hpc``: ``fused_moe_fp8`` with a workspace sized for the case (the
+  fields of ``hpc_moe.MoeWorkspace``, sized by ``moe_workspace_bytes``);
 * ``torch``: plain PyTorch. The input is quantized as the op does; then for
   every expert the routing touches (known when the case is built, so the
   loop is static and graph-captured; eager with events if capture fails):
@@ -94,7 +95,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
@@ -559,14 +560,23 @@ def rel_l2(got: torch.Tensor, ref: torch.Tensor) -> float:
 Impl = Callable[[InputSet], torch.Tensor]
 
 
+def moe_workspace(hpc_ops: ModuleType, **sizes: int) -> SimpleNamespace:
+    """What ``fused_moe_fp8`` reads of a workspace: ``hpc_moe.MoeWorkspace``'s
+    fields (that class belongs to the vLLM layer, and this benchmark runs
+    without vLLM), with a buffer of the size the library asks for."""
+    nbytes = hpc_ops.moe_workspace_bytes(**sizes)
+    buffer = torch.zeros(nbytes, dtype=torch.uint8, device=DEVICE)
+    return SimpleNamespace(buffer=buffer, **sizes)
+
+
 def make_hpc(case: Case, problem: Problem, hpc_ops: ModuleType) -> Impl:
-    ws = hpc_ops.MoeWorkspace.create(
+    ws = moe_workspace(
+        hpc_ops,
         max_tokens=case.tokens,
         topk=TOPK,
         num_local_experts=case.local_experts,
         hidden_size=HIDDEN,
         intermediate_size=case.intermediate(),
-        device=DEVICE,
     )
     block_shape = (BLOCK, BLOCK) if case.block_wise else None
 
@@ -1094,13 +1104,13 @@ def moe_unavailable_reason(hpc_ops: ModuleType) -> str | None:
     """Why the MoE op cannot run, or None (a tiny workspace exercises the
     library's MoE entry points)."""
     try:
-        hpc_ops.MoeWorkspace.create(
+        moe_workspace(
+            hpc_ops,
             max_tokens=1,
             topk=1,
             num_local_experts=1,
             hidden_size=BLOCK,
             intermediate_size=BLOCK,
-            device=DEVICE,
         )
     except Exception as err:  # noqa: BLE001 - reported
         return short_error(err)

@@ -115,6 +115,7 @@ from bench_utils import (
     flex_page_maps,
     flex_paged_block_mask,
     gather_tokens,
+    import_attn_workspace,
     import_error,
     import_hpc_ops,
     json_float,
@@ -404,10 +405,10 @@ def make_input_set(case: Case, seed: int) -> InputSet:
 Impl = Callable[[InputSet], torch.Tensor]
 
 
-def create_workspace(hpc_ops: ModuleType, tp: str, shape: Shape) -> Any:
+def create_workspace(tp: str, shape: Shape) -> Any:
     """A ``PrefillWorkspace`` sized for exactly ``shape``'s batch."""
     hq, hkv = HEAD_CONFIGS[tp]
-    return hpc_ops.PrefillWorkspace.create(
+    return import_attn_workspace().PrefillWorkspace.create(
         max_tokens=shape.tokens,
         max_batch=shape.batch,
         num_q_heads=hq,
@@ -417,7 +418,7 @@ def create_workspace(hpc_ops: ModuleType, tp: str, shape: Shape) -> Any:
 
 
 def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, first: InputSet) -> Impl:
-    ws = create_workspace(hpc_ops, case.tp, case.shape)
+    ws = create_workspace(case.tp, case.shape)
     # Once per step for all layers: outside the timed region.
     ws.plan(layout.query_start_loc, layout.seq_lens)
 
@@ -930,7 +931,7 @@ def bench_plan(
     us: float | None = None
     floor_us: float | None = None
     try:
-        ws = create_workspace(env.hpc_ops, tp, shape)
+        ws = create_workspace(tp, shape)
         ws.plan(layout.query_start_loc, layout.seq_lens)
         torch.cuda.synchronize()
         plan_buffer = getattr(ws, "plan_buffer", None)
@@ -1142,8 +1143,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"benchmark_hpc_prefill: not run: {reason}")
         return 1
     hpc_ops = import_hpc_ops()
-    if not hasattr(hpc_ops, "PrefillWorkspace"):
-        print("benchmark_hpc_prefill: not run: vllm._hpc_ops has no PrefillWorkspace")
+    if not hasattr(torch.ops._hpc_C, "prefill_attention"):
+        print("benchmark_hpc_prefill: not run: the _hpc_C library has no prefill")
         return 1
     max_gb = args.max_gb
     if max_gb is None:

@@ -58,11 +58,17 @@ void plan_prefill(const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
                   at::Tensor& plan, int64_t num_q_heads, int64_t num_kv_heads,
                   int64_t max_batch, int64_t max_tiles);
 
-// [max_tiles, plan size in int32] of a prefill plan for up to max_tokens
-// query tokens in up to max_batch requests.
+// [max_tiles, request_first_item, tiles, plan size] of a prefill plan for up
+// to max_tokens query tokens in up to max_batch requests
+// (prefill::PlanLayout): the tile capacity, the offsets of the two arrays
+// and the size, in int32 elements.
 std::vector<int64_t> prefill_plan_layout(int64_t max_tokens, int64_t max_batch,
                                          int64_t num_q_heads,
                                          int64_t num_kv_heads);
+
+// The names of a prefill plan's header fields (prefill::PlanHeader), in
+// order from offset 0.
+std::vector<std::string> prefill_plan_header_fields();
 
 // Paged prefill / chunked-prefill attention over a varlen batch, following
 // a plan written by plan_prefill for the same lengths.

@@ -37,6 +37,8 @@ TORCH_LIBRARY(_hpc_C, m) {
       "prefill_plan_layout(int max_tokens, int max_batch, int num_q_heads, "
       "int num_kv_heads) -> int[]",
       &hpc::prefill_plan_layout);
+  m.def("prefill_plan_header_fields() -> str[]",
+        &hpc::prefill_plan_header_fields);
   m.def(
       "prefill_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
       "Tensor block_table, Tensor query_start_loc, Tensor seq_lens, "

@@ -16,7 +16,8 @@ the block table, and fill every cache element a kernel must never read
 (unused blocks, slots past each sequence's length) with NaN.
 
 This module imports torch only (and the error measures of the prologue's
-reference, which import torch only).
+reference, which import torch only); the plan functions at the end import
+the op module when called.
 """
 
 from __future__ import annotations
@@ -567,3 +568,117 @@ def check_decode(
             f"{prefix}sequence {b} (length {length}): {seq} exceeds rtol={rtol:g}"
         )
     return stats
+
+
+# ---------------------------------------------------------------------------
+# Plans: the host planner and a reader (they need the op module and the
+# library, imported when called)
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    """Views of a decode plan copied to the host."""
+
+    num_units: int
+    total_granules: int
+    num_ctas: int
+    num_partials: int
+    split_tiles: int
+    query_tokens: int
+    mode: int
+    window: int
+    unit_granule_offset: torch.Tensor  # [num_units + 1]
+    unit_num_pieces: torch.Tensor  # [num_units]
+    unit_first_partial: torch.Tensor  # [num_units], -1: written directly
+    cta_granule_begin: torch.Tensor  # [num_ctas + 1]
+    cta_first_unit: torch.Tensor  # [num_ctas]
+
+
+def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodePlan:
+    """The plan in buffer ``plan`` (laid out for ``max_units`` units and
+    ``max_ctas`` CTA slots), copied to the host (synchronises). The arrays'
+    offsets come from the library (``decode_plan_layout``)."""
+    plan = plan.cpu()
+    header_size, o_offset, o_pieces, o_partial, o_begin, o_first, _ = (
+        int(v) for v in torch.ops._hpc_C.decode_plan_layout(max_units, max_ctas)
+    )
+    header = [int(v) for v in plan[:header_size].tolist()]
+    units, ctas = header[0], header[2]
+    return DecodePlan(
+        *header,
+        unit_granule_offset=plan[o_offset : o_offset + units + 1],
+        unit_num_pieces=plan[o_pieces : o_pieces + units],
+        unit_first_partial=plan[o_partial : o_partial + units],
+        cta_granule_begin=plan[o_begin : o_begin + ctas + 1],
+        cta_first_unit=plan[o_first : o_first + ctas],
+    )
+
+
+def read_decode_plan(workspace) -> DecodePlan:
+    """The current plan of a ``DecodeWorkspace``, copied to the host."""
+    return decode_plan_of(
+        workspace.plan_buffer, workspace.max_units, workspace.max_ctas
+    )
+
+
+def plan_decode_host(
+    kv_lens: torch.Tensor,
+    num_kv_heads: int,
+    query_tokens: int,
+    num_ctas: int,
+    *,
+    min_split_len: int = 256,
+    fixed_split_len: int = 0,
+    max_batch: int | None = None,
+    window: int = 0,
+    mode=None,
+) -> torch.Tensor:
+    """Split-KV decode plan for KV lengths held on the host (the host
+    planner, which writes what the GPU planner does, bit for bit).
+
+    ``kv_lens``: int32 ``[batch]`` on the CPU. ``num_ctas``: persistent CTAs
+    offered (e.g. the SM count). ``min_split_len`` (tokens): the balanced
+    mode uses no more CTAs than keep this many tokens each.
+    ``fixed_split_len`` > 0 selects the batch-invariant mode with pieces of
+    that many tokens unless ``mode`` (a ``SplitMode``) says otherwise.
+    ``window``: sliding window in tokens (0: none); tiles no query can see
+    are not planned. Returns the int32 plan for ``max_batch * num_kv_heads``
+    units and the mode's CTA slots (the static mode has ``max_batch *
+    num_kv_heads * 16``); read it with :func:`decode_plan_of`.
+    """
+    from vllm import _hpc_ops as ops
+    from vllm.v1.attention.ops.hpc_attn_workspace import _plan_ctas
+
+    ops._check_tensor("kv_lens", kv_lens)
+    ops._check_ndim("kv_lens", kv_lens, 1, "[batch]")
+    ops._check_dtype("kv_lens", kv_lens, (torch.int32,))
+    ops._check_positive(num_kv_heads=num_kv_heads)
+    ops._check_query_tokens(query_tokens)
+    ops._check_positive(num_ctas=num_ctas)
+    ops._check_split_len("min_split_len", min_split_len)
+    ops._check_split_len("fixed_split_len", fixed_split_len)
+    if window < 0:
+        raise ValueError(f"window is {window}; accepted: 0 (none) or a positive int")
+    if kv_lens.device.type != "cpu":
+        raise ValueError(f"kv_lens must be on the CPU, got {kv_lens.device}")
+    mode = ops._resolve_mode(mode, fixed_split_len)
+    batch = kv_lens.shape[0] if max_batch is None else max_batch
+    if batch < kv_lens.shape[0]:
+        raise ValueError(f"max_batch {batch} < len(kv_lens) {kv_lens.shape[0]}")
+    max_units = batch * num_kv_heads
+    max_ctas = _plan_ctas(mode, num_ctas, max_units)
+    plan = torch.zeros(ops.decode_plan_size(max_units, max_ctas), dtype=torch.int32)
+    torch.ops._hpc_C.plan_decode(
+        kv_lens.contiguous(),
+        plan,
+        num_kv_heads,
+        query_tokens,
+        window,
+        num_ctas if mode != ops.SplitMode.STATIC else max_ctas,
+        max_units,
+        min_split_len // ops.DECODE_TILE_TOKENS,
+        int(mode),
+        fixed_split_len // ops.DECODE_TILE_TOKENS,
+    )
+    return plan

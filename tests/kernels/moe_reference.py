@@ -31,13 +31,15 @@ routing, and expert parallelism as a contiguous local range
 (``expert_offset``) or a scattered ``expert_map``.
 
 This module imports torch only (and the error measures of the prologue's
-reference, which import torch only).
+reference, which import torch only); ``moe_workspace`` imports the op
+module when called.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 
 import torch
 from rope_norm_reference import ErrorStats, error_stats
@@ -489,7 +491,8 @@ class MoeInputs:
         return (BLOCK, BLOCK) if self.weights.block_wise else None
 
     def workspace_kwargs(self, max_tokens: int | None = None) -> dict[str, object]:
-        """``MoeWorkspace.create`` arguments sized for these inputs."""
+        """:func:`moe_workspace` (or ``MoeWorkspace.create``) arguments
+        sized for these inputs."""
         return {
             "max_tokens": max_tokens or self.num_tokens,
             "topk": self.topk,
@@ -769,3 +772,35 @@ def check_moe(
             "must be exactly " + ("shared_output" if shared_output is not None else "0")
         )
     return stats
+
+
+# ---------------------------------------------------------------------------
+# Workspace
+# ---------------------------------------------------------------------------
+
+
+def moe_workspace(
+    *,
+    max_tokens: int,
+    topk: int,
+    num_local_experts: int,
+    hidden_size: int,
+    intermediate_size: int,
+    device: torch.device | str,
+) -> SimpleNamespace:
+    """A workspace for ``fused_moe_fp8``: the fields the op reads of a
+    ``MoeWorkspace``, with a zeroed buffer of the size the library asks for
+    (``moe_workspace_bytes``). ``MoeWorkspace`` itself belongs to the vLLM
+    layer (``hpc_moe``), and the kernel tests run without vLLM."""
+    from vllm import _hpc_ops
+
+    sizes = {
+        "max_tokens": max_tokens,
+        "topk": topk,
+        "num_local_experts": num_local_experts,
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+    }
+    nbytes = _hpc_ops.moe_workspace_bytes(**sizes)
+    buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    return SimpleNamespace(buffer=buffer, **sizes)

@@ -347,3 +347,58 @@ def check_prefill(
         start += q_len
     assert start == out.shape[0], f"{prefix}{out.shape[0]} rows for {start} tokens"
     return stats
+
+
+# ---------------------------------------------------------------------------
+# Plans: a reader (it needs the library, which a workspace implies)
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPlan:
+    """A prefill plan copied to the host.
+
+    The plan lists every (request, m-block, KV head) tile of the batch: an
+    m-block is ``tile_tokens`` consecutive query tokens of one request, all
+    query heads of one KV head. Tiles come longest first by cost bucket
+    (keys the block's last query token sees, shifted right by
+    ``cost_shift``), KV-head-major inside each bucket.
+    """
+
+    num_tiles: int
+    tile_tokens: int
+    num_kv_heads: int
+    batch: int
+    max_batch: int
+    max_tiles: int
+    cost_shift: int
+    request_first_item: torch.Tensor  # int32 [batch + 1]: m-block prefix
+    tiles: torch.Tensor  # int32 [num_tiles, 3]: request, m_block, kv_head
+
+
+def read_prefill_plan(workspace) -> PrefillPlan:
+    """The current plan of a ``PrefillWorkspace``, copied to the host
+    (synchronises). The header is read by the names the library gives its
+    fields (``prefill_plan_header_fields``, from offset 0) and the arrays at
+    the offsets of its layout (``prefill_plan_layout``), so a field added in
+    C++ fails here instead of shifting the others."""
+    plan = workspace.plan_buffer.cpu()
+    names = list(torch.ops._hpc_C.prefill_plan_header_fields())
+    header = dict(zip(names, map(int, plan[: len(names)].tolist()), strict=True))
+    _, first, at, _ = (
+        int(v)
+        for v in torch.ops._hpc_C.prefill_plan_layout(
+            workspace.max_tokens,
+            workspace.max_batch,
+            workspace.num_q_heads,
+            workspace.num_kv_heads,
+        )
+    )
+    # A tile is (request, m_block << 8 | kv_head) (prefill_plan.h pack_tile).
+    packed = plan[at : at + 2 * header["num_tiles"]].view(-1, 2)
+    tiles = torch.stack((packed[:, 0], packed[:, 1] >> 8, packed[:, 1] & 0xFF), dim=1)
+    return PrefillPlan(
+        **header,
+        request_first_item=plan[first : first + header["batch"] + 1],
+        tiles=tiles,
+    )

@@ -685,21 +685,26 @@ def check_outputs(
 
 
 # ---------------------------------------------------------------------------
-# Locating the op module
+# Locating the op module and the attention workspaces
 # ---------------------------------------------------------------------------
 
+# The patch set's modules the kernel tests use; each imports torch (and the
+# op module) only.
+HPC_OPS = "vllm._hpc_ops"
+ATTN_WORKSPACE = "vllm.v1.attention.ops.hpc_attn_workspace"
 
-def import_hpc_ops(repo_root: Path) -> ModuleType:
-    """Import ``vllm._hpc_ops``, preferring an installed vLLM.
+
+def _import_tree_module(repo_root: Path, name: str) -> ModuleType:
+    """Import the patch-set module ``name``, preferring an installed vLLM.
 
     The sparse tree's ``vllm`` has no ``__init__.py``, so its directory goes
     at the end of ``sys.path``: an installed vLLM still wins, and with no vLLM
     installed the tree's ``vllm`` is a namespace package. An installed vLLM
-    that the patch set was not applied to lacks ``_hpc_ops``; the tree's file
-    is then loaded under that name (it imports torch only).
+    that the patch set was not applied to lacks the module; the tree's file
+    is then loaded under that name.
     """
-    if "vllm._hpc_ops" in sys.modules:
-        return sys.modules["vllm._hpc_ops"]
+    if name in sys.modules:
+        return sys.modules[name]
     root = str(repo_root)
     if root not in sys.path:
         sys.path.append(root)
@@ -708,19 +713,31 @@ def import_hpc_ops(repo_root: Path) -> ModuleType:
     else:
         spec = importlib.util.find_spec("vllm")
         locations = list(spec.submodule_search_locations or []) if spec else []
-    if not any(Path(p, "_hpc_ops.py").is_file() for p in locations):
-        path = repo_root / "vllm" / "_hpc_ops.py"
-        spec = importlib.util.spec_from_file_location("vllm._hpc_ops", path)
+    rel = Path(*name.split(".")[1:]).with_suffix(".py")
+    if not any(Path(p, rel).is_file() for p in locations):
+        path = repo_root / "vllm" / rel
+        spec = importlib.util.spec_from_file_location(name, path)
         if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load vllm._hpc_ops from {path}")
+            raise ImportError(f"cannot load {name} from {path}")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["vllm._hpc_ops"] = module
+        sys.modules[name] = module
         try:
             spec.loader.exec_module(module)
         except BaseException:
-            del sys.modules["vllm._hpc_ops"]
+            del sys.modules[name]
             raise
         return module
-    import vllm._hpc_ops as hpc_ops
+    return importlib.import_module(name)
 
-    return hpc_ops
+
+def import_hpc_ops(repo_root: Path) -> ModuleType:
+    """Import ``vllm._hpc_ops``, preferring an installed vLLM (see
+    :func:`_import_tree_module`)."""
+    return _import_tree_module(repo_root, HPC_OPS)
+
+
+def import_attn_workspace(repo_root: Path) -> ModuleType:
+    """Import ``vllm.v1.attention.ops.hpc_attn_workspace`` (the decode and
+    prefill workspaces), after the op module it imports."""
+    import_hpc_ops(repo_root)
+    return _import_tree_module(repo_root, ATTN_WORKSPACE)

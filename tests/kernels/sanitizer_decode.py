@@ -26,7 +26,9 @@ from decode_reference import (
     FP8_DTYPE,
     CacheLayout,
     make_decode_inputs,
+    read_decode_plan,
 )
+from rope_norm_reference import import_attn_workspace
 from sanitizer_runner import Case, Check
 
 # Small, but each exercises a different path. "inputs" go to
@@ -133,11 +135,12 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     ws_kwargs = dict(case["workspace"])  # type: ignore[call-overload]
     if "mode" in ws_kwargs:
         ws_kwargs["mode"] = hpc_ops.SplitMode[ws_kwargs["mode"]]
-    ws = hpc_ops.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
+    workspaces = import_attn_workspace(sanitizer_runner.REPO_ROOT)
+    ws = workspaces.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
     ws.plan(inputs.kv_lens, inputs.query_tokens)
     hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     torch.cuda.synchronize()
-    plan = ws.read_plan()
+    plan = read_decode_plan(ws)
 
     def verify() -> str:
         stats = inputs.check(name)

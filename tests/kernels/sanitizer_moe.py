@@ -28,6 +28,7 @@ from moe_reference import (
     FP8_DTYPE,
     make_moe_inputs,
     make_moe_weights,
+    moe_workspace,
 )
 from sanitizer_runner import Case, Check
 
@@ -171,7 +172,7 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     topk = inputs_kwargs.pop("topk")
     inputs = make_moe_inputs(weights, num_tokens, topk, seed=seed, **inputs_kwargs)
     max_tokens = num_tokens + int(case["spare"])  # type: ignore[call-overload]
-    ws = hpc_ops.MoeWorkspace.create(**inputs.workspace_kwargs(max_tokens))
+    ws = moe_workspace(**inputs.workspace_kwargs(max_tokens))
     tiling = hpc_ops.moe_tiling(
         num_tokens,
         topk,

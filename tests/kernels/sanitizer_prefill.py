@@ -25,6 +25,7 @@ import sanitizer_runner
 import torch
 from decode_reference import FP8_DTYPE, CacheLayout
 from prefill_reference import make_prefill_inputs
+from rope_norm_reference import import_attn_workspace
 from sanitizer_runner import Case, Check
 
 
@@ -90,7 +91,8 @@ CASES: list[dict[str, object]] = [
 def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     name = str(case["name"])
     inputs = make_prefill_inputs(**case["inputs"], seed=seed, device="cuda")  # type: ignore[arg-type]
-    ws = hpc_ops.PrefillWorkspace.create(**inputs.workspace_kwargs())
+    workspaces = import_attn_workspace(sanitizer_runner.REPO_ROOT)
+    ws = workspaces.PrefillWorkspace.create(**inputs.workspace_kwargs())
     inputs.poison_out()
     ws.plan(inputs.query_start_loc, inputs.seq_lens)
     hpc_ops.prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())

@@ -18,8 +18,8 @@ with small CTA counts. Plus: the GPU planner is bitwise equal to the host
 planner, CUDA-graph capture and replay with new lengths, batch invariance of
 the batch-invariant mode, and empty sequences.
 
-Imports only torch, the references, ``attention_cases`` and
-``vllm._hpc_ops``.
+Imports only torch, the references, ``attention_cases``, ``vllm._hpc_ops``
+and the attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
 """
 
 from __future__ import annotations
@@ -52,17 +52,14 @@ from decode_reference import (
     CacheLayout,
     DecodeInputs,
     bitwise_equal,
+    decode_plan_of,
     make_decode_inputs,
+    plan_decode_host,
+    read_decode_plan,
 )
 
-from vllm._hpc_ops import (
-    DecodePlan,
-    DecodeWorkspace,
-    SplitMode,
-    decode_attention,
-    decode_plan_size,
-    plan_decode_host,
-)
+from vllm._hpc_ops import SplitMode, decode_attention, decode_plan_size
+from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace
 
 pytestmark = pytest.mark.gpu
 
@@ -422,7 +419,7 @@ def test_case_ids_are_unique() -> None:
 def _plan_words(plan: torch.Tensor, max_units: int, max_ctas: int) -> torch.Tensor:
     """The words a plan defines: the header and each array up to its live
     length. (The tails past the live lengths are never written.)"""
-    view = DecodePlan.from_workspace(plan, max_units, max_ctas)
+    view = decode_plan_of(plan, max_units, max_ctas)
     return torch.cat(
         [
             plan.cpu()[:8],
@@ -512,7 +509,7 @@ def test_gpu_plan_matches_host(set_name: str, mode_name: str) -> None:
             if fresh:
                 # Both buffers start zeroed: equal word for word.
                 assert torch.equal(host, gpu), what
-            plan = ws.read_plan()
+            plan = read_decode_plan(ws)
             assert plan.num_units == len(sub) * num_kv_heads, what
             assert plan.mode == int(ws.mode) and plan.window == window, what
             assert plan.query_tokens == query_tokens, what

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from attention_cases import cache_argument_cases
-from rope_norm_reference import import_hpc_ops
+from rope_norm_reference import import_attn_workspace, import_hpc_ops
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 hpc_ops = import_hpc_ops(REPO_ROOT)
+workspaces = import_attn_workspace(REPO_ROOT)
 
 pytestmark = pytest.mark.skipif(
     not hpc_ops.hpc_ops_available(), reason="the _hpc_C library is not built"
@@ -26,8 +27,8 @@ META = torch.device("meta")
 BATCH, HQ, HKV, D, BS, BLOCKS = 4, 16, 2, 128, 16, 64
 
 
-def workspace(**overrides) -> hpc_ops.DecodeWorkspace:
-    ws = hpc_ops.DecodeWorkspace(
+def workspace(**overrides) -> workspaces.DecodeWorkspace:
+    ws = workspaces.DecodeWorkspace(
         plan_buffer=torch.empty(
             hpc_ops.decode_plan_size(BATCH * HKV, 8), dtype=torch.int32, device=META
         ),
@@ -157,6 +158,33 @@ BAD_CASES = {
         "workspace was sized",
     ),
     "workspace-batch": (_with(workspace=workspace(max_batch=2)), "workspace was sized"),
+    "workspace-type": (
+        _with(workspace=object()),
+        "workspace must be a DecodeWorkspace",
+    ),
+    "workspace-missing-field": (
+        _with(workspace=workspace(partial_lse=None)),
+        "workspace.partial_lse is missing",
+    ),
+    "workspace-partial-dtype": (
+        _with(workspace=workspace(partial_out=torch.empty(64, device=META).half())),
+        "workspace.partial_out has dtype",
+    ),
+    "workspace-counters-device": (
+        _with(workspace=workspace(piece_counters=torch.zeros(8, dtype=torch.int32))),
+        "workspace.piece_counters is on cpu",
+    ),
+    "workspace-on-cpu": (
+        _with(
+            workspace=workspace(
+                plan_buffer=torch.zeros(64, dtype=torch.int32),
+                partial_out=torch.empty(64),
+                partial_lse=torch.empty(64),
+                piece_counters=torch.zeros(8, dtype=torch.int32),
+            )
+        ),
+        "workspace.plan_buffer is on cpu",
+    ),
     "workspace-query-tokens": (
         _with(
             q=torch.empty(2 * BATCH, HQ, D, dtype=torch.bfloat16, device=META),
@@ -220,7 +248,7 @@ def test_workspace_validation(kwargs: dict, match: str) -> None:
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        hpc_ops.DecodeWorkspace.create(**args)
+        workspaces.DecodeWorkspace.create(**args)
 
 
 def test_decode_fake_implementation() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from decode_reference import DecodePlan, decode_plan_of, plan_decode_host
 from rope_norm_reference import import_hpc_ops
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,9 +41,9 @@ def plan_of(
     mode: SplitMode | None = None,
     window: int = 0,
     query_tokens: int = 1,
-) -> hpc_ops.DecodePlan:
+) -> DecodePlan:
     kv_lens = torch.tensor(lens, dtype=torch.int32)
-    plan = hpc_ops.plan_decode_host(
+    plan = plan_decode_host(
         kv_lens,
         num_kv_heads,
         query_tokens,
@@ -54,7 +55,7 @@ def plan_of(
     )
     units = len(lens) * num_kv_heads
     max_ctas = units * 16 if mode == SplitMode.STATIC else num_ctas
-    return hpc_ops.DecodePlan.from_workspace(plan, units, max_ctas)
+    return decode_plan_of(plan, units, max_ctas)
 
 
 def visible_tiles(length: int, query_tokens: int, window: int) -> int:
@@ -76,7 +77,7 @@ def tiles_per_granule(tiles: int, mode: SplitMode, fixed_split_len: int) -> int:
     return math.ceil(tiles / splits)
 
 
-def walk(plan: hpc_ops.DecodePlan) -> list[list[tuple[int, int, int]]]:
+def walk(plan: DecodePlan) -> list[list[tuple[int, int, int]]]:
     """Per CTA, its pieces as (unit, first granule, end granule), in the
     unit's own granule numbering, found as the decode kernel will."""
     offsets = plan.unit_granule_offset.tolist()
@@ -103,7 +104,7 @@ def walk(plan: hpc_ops.DecodePlan) -> list[list[tuple[int, int, int]]]:
 
 
 def check_plan(
-    plan: hpc_ops.DecodePlan,
+    plan: DecodePlan,
     lens: list[int],
     num_kv_heads: int,
     num_ctas: int,
@@ -262,7 +263,7 @@ def test_batch_invariant_mode_ignores_neighbours(seed: int) -> None:
     batch = others[:position] + [target] + others[position:]
     mixed = plan_of(batch, 2, 132, 0, split)
 
-    def pieces_of(plan: hpc_ops.DecodePlan, unit: int) -> list[tuple[int, int]]:
+    def pieces_of(plan: DecodePlan, unit: int) -> list[tuple[int, int]]:
         return sorted((lo, hi) for p in walk(plan) for u, lo, hi in p if u == unit)
 
     for head in range(2):
@@ -296,7 +297,7 @@ def test_plan_validation(kwargs: dict, match: str) -> None:
     positional = [args.pop(k) for k in ("kv_lens", "num_kv_heads", "query_tokens")]
     positional.append(args.pop("num_ctas"))
     with pytest.raises(ValueError, match=match):
-        hpc_ops.plan_decode_host(*positional, **args)
+        plan_decode_host(*positional, **args)
 
 
 def test_plan_op_schema_and_fake() -> None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -46,9 +47,10 @@ from moe_reference import (
     MoeWeights,
     make_moe_inputs,
     make_moe_weights,
+    moe_workspace,
 )
 
-from vllm._hpc_ops import MoeWorkspace, fused_moe_fp8, moe_tiling
+from vllm._hpc_ops import fused_moe_fp8, moe_tiling
 
 pytestmark = pytest.mark.gpu
 
@@ -160,8 +162,8 @@ class Case:
             **kwargs,  # type: ignore[arg-type]
         )
 
-    def workspace(self, max_tokens: int | None = None) -> MoeWorkspace:
-        return MoeWorkspace.create(
+    def workspace(self, max_tokens: int | None = None) -> SimpleNamespace:
+        return moe_workspace(
             max_tokens=max_tokens or self.tokens + self.spare_tokens,
             topk=self.shape.topk,
             num_local_experts=self.shape.experts,
@@ -171,7 +173,7 @@ class Case:
         )
 
 
-def _run(inputs: MoeInputs, ws: MoeWorkspace) -> None:
+def _run(inputs: MoeInputs, ws: SimpleNamespace) -> None:
     fused_moe_fp8(
         *inputs.op_args(),
         ws,

@@ -2,9 +2,11 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """CPU checks of the fused FP8 MoE op layer and of its reference.
 
-* Argument validation of ``fused_moe_fp8`` and ``MoeWorkspace.create``:
+* Argument validation of ``fused_moe_fp8`` and ``moe_workspace_bytes``:
   every rejected input raises ``ValueError`` naming the argument. Inputs live
-  on the meta device; validation runs before the library is needed.
+  on the meta device; validation runs before the library is needed. The
+  workspace is a stand-in with the fields the op reads (``MoeWorkspace``
+  belongs to the vLLM layer; its tests are in tests/vllm_integration).
 * Valid calls on meta tensors reach the op's fake implementation, which
   also runs under ``FakeTensorMode`` and ``make_fx`` (these need the library
   built with the MoE op, not a GPU, and skip otherwise).
@@ -20,6 +22,7 @@ import dataclasses
 import math
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -36,6 +39,7 @@ from moe_reference import (
     make_moe_inputs,
     make_moe_weights,
     make_routing,
+    moe_workspace,
 )
 from rope_norm_reference import import_hpc_ops
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -63,16 +67,18 @@ M, E, K, H, N = 5, 4, 2, 256, 128  # N: intermediate size
 # ---------------------------------------------------------------------------
 
 
-def workspace(device: torch.device = META, **overrides) -> hpc_ops.MoeWorkspace:
-    ws = hpc_ops.MoeWorkspace(
-        buffer=torch.empty(1 << 16, dtype=torch.uint8, device=device),
-        max_tokens=8,
-        topk=K,
-        num_local_experts=E,
-        hidden_size=H,
-        intermediate_size=N,
-    )
-    return dataclasses.replace(ws, **overrides)
+def workspace(device: torch.device = META, **overrides) -> SimpleNamespace:
+    """The fields ``fused_moe_fp8`` reads of a workspace, with room for the
+    baseline call."""
+    fields = {
+        "buffer": torch.empty(1 << 16, dtype=torch.uint8, device=device),
+        "max_tokens": 8,
+        "topk": K,
+        "num_local_experts": E,
+        "hidden_size": H,
+        "intermediate_size": N,
+    }
+    return SimpleNamespace(**{**fields, **overrides})
 
 
 def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -402,6 +408,14 @@ BAD_CASES = {
     "negative-offset": (inputs(expert_offset=-1), "expert_offset"),
     # Workspace.
     "workspace-type": (inputs(workspace=torch.empty(8)), "workspace must be"),
+    "workspace-buffer-not-a-tensor": (
+        inputs(workspace=workspace(buffer=[0] * 64)),
+        "workspace.buffer must be a torch.Tensor",
+    ),
+    "workspace-buffer-2d": (
+        inputs(workspace=workspace(buffer=_t(8, 8, dtype=torch.uint8))),
+        "workspace.buffer must be 1-D",
+    ),
     "workspace-tokens": (
         inputs(workspace=workspace(max_tokens=M - 1)),
         "workspace was sized",
@@ -458,8 +472,6 @@ def test_moe_validation(args: dict, match: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"device": "cpu"}, "CUDA device"),
-        ({"device": "meta"}, "CUDA device"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"num_local_experts": 0}, "num_local_experts"),
         ({"topk": 0}, "topk is 0"),
@@ -470,26 +482,25 @@ def test_moe_validation(args: dict, match: str) -> None:
         ({"intermediate_size": 0}, "intermediate_size is 0"),
     ],
 )
-def test_workspace_validation(kwargs: dict, match: str) -> None:
+def test_workspace_size_validation(kwargs: dict, match: str) -> None:
     args = {
         "max_tokens": 256,
         "topk": 8,
         "num_local_experts": 16,
         "hidden_size": 2048,
         "intermediate_size": 768,
-        "device": "cuda",
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        hpc_ops.MoeWorkspace.create(**args)
+        hpc_ops.moe_workspace_bytes(**args)
 
 
 def test_public_names() -> None:
     for name in (
         "MoeTiling",
-        "MoeWorkspace",
         "fused_moe_fp8",
         "moe_tiling",
+        "moe_workspace_bytes",
         "MOE_BLOCK_SHAPE",
         "MOE_MAX_TOPK",
     ):
@@ -503,7 +514,7 @@ def test_public_names() -> None:
 # ---------------------------------------------------------------------------
 
 
-def _op_args(args: dict, ws: hpc_ops.MoeWorkspace, block_wise: bool) -> tuple:
+def _op_args(args: dict, ws: SimpleNamespace, block_wise: bool) -> tuple:
     return (
         args["hidden_states"],
         args["a1_scale"],
@@ -550,7 +561,7 @@ def test_fake_implementation(block: bool, hidden_dtype: torch.dtype) -> None:
     fake: no kernel, no error, outputs keep their metadata."""
     with FakeTensorMode():
         args = _fake_inputs(block, hidden_dtype)
-        ws = hpc_ops.MoeWorkspace.create(
+        ws = moe_workspace(
             max_tokens=M,
             topk=K,
             num_local_experts=E,
@@ -581,7 +592,7 @@ def test_fake_under_make_fx() -> None:
     def fn(*tensors: torch.Tensor) -> None:
         *values, buffer = tensors
         named = dict(zip(names, values, strict=True))
-        call({**args, **named, "workspace": dataclasses.replace(ws, buffer=buffer)})
+        call({**args, **named, "workspace": workspace(buffer=buffer)})
 
     graph = make_fx(fn, tracing_mode="fake")(*(args[n] for n in names), ws.buffer)
     targets = [str(node.target) for node in graph.graph.nodes]

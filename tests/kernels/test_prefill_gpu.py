@@ -21,8 +21,8 @@ scales; mixed batches of short and long requests; outputs of the other
 unchecked forms write the same bits, and CUDA-graph capture of plan and
 attention replayed with new lengths in the same buffers.
 
-Imports only torch, the references, ``attention_cases`` and
-``vllm._hpc_ops``.
+Imports only torch, the references, ``attention_cases``, ``vllm._hpc_ops``
+and the attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
 """
 
 from __future__ import annotations
@@ -54,11 +54,8 @@ from attention_cases import (
 from decode_reference import FP8_DTYPE, CacheLayout, bitwise_equal
 from prefill_reference import PrefillInputs, make_prefill_inputs
 
-from vllm._hpc_ops import (
-    PrefillWorkspace,
-    prefill_attention,
-    prefill_attention_unchecked,
-)
+from vllm._hpc_ops import prefill_attention, prefill_attention_unchecked
+from vllm.v1.attention.ops.hpc_attn_workspace import PrefillWorkspace
 
 pytestmark = pytest.mark.gpu
 

@@ -26,12 +26,14 @@ from pathlib import Path
 import pytest
 import torch
 from attention_cases import cache_argument_cases
-from rope_norm_reference import import_hpc_ops
+from prefill_reference import PrefillPlan, read_prefill_plan
+from rope_norm_reference import import_attn_workspace, import_hpc_ops
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 hpc_ops = import_hpc_ops(REPO_ROOT)
+workspaces = import_attn_workspace(REPO_ROOT)
 
 pytestmark = pytest.mark.skipif(
     not hpc_ops.hpc_ops_available(), reason="the _hpc_C library is not built"
@@ -53,8 +55,8 @@ COST_BUCKETS = 16
 # ---------------------------------------------------------------------------
 
 
-def workspace(**overrides) -> hpc_ops.PrefillWorkspace:
-    ws = hpc_ops.PrefillWorkspace(
+def workspace(**overrides) -> workspaces.PrefillWorkspace:
+    ws = workspaces.PrefillWorkspace(
         plan_buffer=torch.empty(4096, dtype=torch.int32, device=META),
         max_tokens=64,
         max_batch=4,
@@ -229,6 +231,10 @@ BAD_CASES = {
         "out must be contiguous",
     ),
     "workspace-type": (_with(workspace=object()), "workspace must be"),
+    "workspace-plan-dtype": (
+        _with(workspace=workspace(plan_buffer=_t(64, dtype=torch.int64))),
+        "workspace.plan_buffer has dtype",
+    ),
     "workspace-tokens": (
         _with(workspace=workspace(max_tokens=TOKENS - 1)),
         "workspace was sized",
@@ -322,7 +328,7 @@ def test_workspace_validation(kwargs: dict, match: str) -> None:
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        hpc_ops.PrefillWorkspace.create(**args)
+        workspaces.PrefillWorkspace.create(**args)
 
 
 def _i32(values) -> torch.Tensor:
@@ -342,7 +348,7 @@ def _i32(values) -> torch.Tensor:
     ],
 )
 def test_plan_validation(qsl, seq_lens, match: str) -> None:
-    ws = hpc_ops.PrefillWorkspace.create(
+    ws = workspaces.PrefillWorkspace.create(
         max_tokens=64, max_batch=4, num_q_heads=8, num_kv_heads=2, device="cpu"
     )
     with pytest.raises(ValueError, match=match):
@@ -363,9 +369,9 @@ def _cpu_inputs(q_dtype=BF16, kv_dtype=BF16) -> dict:
     }
 
 
-def _cpu_workspace() -> hpc_ops.PrefillWorkspace:
+def _cpu_workspace() -> workspaces.PrefillWorkspace:
     """A workspace of the baseline sizes on the CPU."""
-    return hpc_ops.PrefillWorkspace.create(
+    return workspaces.PrefillWorkspace.create(
         max_tokens=TOKENS,
         max_batch=BATCH,
         num_q_heads=HQ,
@@ -468,7 +474,7 @@ def expected_shift(kv_lens) -> int:
 def plan_host(
     q_lens, kv_lens, num_q_heads, num_kv_heads, max_tokens=None, max_batch=None
 ):
-    ws = hpc_ops.PrefillWorkspace.create(
+    ws = workspaces.PrefillWorkspace.create(
         max_tokens=max_tokens or max(1, sum(q_lens)),
         max_batch=max_batch or max(1, len(q_lens)),
         num_q_heads=num_q_heads,
@@ -477,7 +483,7 @@ def plan_host(
     )
     qsl = _i32([0, *itertools.accumulate(q_lens)])
     ws.plan(qsl, _i32(kv_lens))
-    return ws, ws.read_plan()
+    return ws, read_prefill_plan(ws)
 
 
 def bucket_runs(buckets: list[int]) -> list[tuple[int, int, int]]:
@@ -616,10 +622,11 @@ def test_plan_layout_and_capacity() -> None:
     for group, (hq, hkv) in GQA.items():
         t = tokens_per_tile(group)
         max_tokens, max_batch = 1000, 9
-        max_tiles, size = torch.ops._hpc_C.prefill_plan_layout(
+        max_tiles, first, tiles, size = torch.ops._hpc_C.prefill_plan_layout(
             max_tokens, max_batch, hq, hkv
         )
-        assert size == 8 + max_batch + 1 + 2 * max_tiles
+        assert (first, tiles) == (8, 8 + max_batch + 1)
+        assert size == tiles + 2 * max_tiles
         worst = [
             [t + 1] * min(max_batch, max_tokens // (t + 1)),
             [1] * (max_batch - 1) + [max_tokens - max_batch + 1],
@@ -633,6 +640,18 @@ def test_plan_layout_and_capacity() -> None:
             check_plan(plan, q_lens, q_lens, hq, hkv)
 
 
+def test_plan_header_fields_match_the_reader() -> None:
+    """The library names the header's fields, in order; the plan reader
+    takes each by name, so C++ and the reader list the same fields."""
+    names = list(torch.ops._hpc_C.prefill_plan_header_fields())
+    arrays = ("request_first_item", "tiles")
+    assert names == [
+        f.name for f in dataclasses.fields(PrefillPlan) if f.name not in arrays
+    ]
+    first = torch.ops._hpc_C.prefill_plan_layout(64, 4, 16, 2)[1]
+    assert len(names) <= first
+
+
 def test_plan_overflow_raises() -> None:
     """More tokens than the workspace was sized for: the host planner raises
     and leaves an empty plan; more requests than max_batch are refused."""
@@ -643,7 +662,7 @@ def test_plan_overflow_raises() -> None:
         torch.ops._hpc_C.plan_prefill(
             qsl, kv, ws.plan_buffer, 16, 2, ws.max_batch, ws.max_tiles
         )
-    assert ws.read_plan().num_tiles == 0
+    assert read_prefill_plan(ws).num_tiles == 0
     with pytest.raises(RuntimeError, match="max_batch"):
         torch.ops._hpc_C.plan_prefill(
             _i32([0, 1, 2, 3]), _i32([1, 1, 1]), ws.plan_buffer, 16, 2, 2, ws.max_tiles
@@ -659,7 +678,7 @@ def test_replan_smaller_batch() -> None:
     ws, _ = plan_host([300, 200, 5], [900, 200, 5], 32, 8, max_batch=4)
     qsl, kv = _i32([0, 17]), _i32([40])
     ws.plan(qsl, kv)
-    check_plan(ws.read_plan(), [17], [40], 32, 8)
+    check_plan(read_prefill_plan(ws), [17], [40], 32, 8)
 
 
 # ---------------------------------------------------------------------------
@@ -669,7 +688,7 @@ def test_replan_smaller_batch() -> None:
 
 def _gpu_vs_host(q_lens, kv_lens, hq, hkv, max_tokens=None, max_batch=None):
     host_ws, host = plan_host(q_lens, kv_lens, hq, hkv, max_tokens, max_batch)
-    ws = hpc_ops.PrefillWorkspace.create(
+    ws = workspaces.PrefillWorkspace.create(
         max_tokens=host_ws.max_tokens,
         max_batch=host_ws.max_batch,
         num_q_heads=hq,
@@ -678,7 +697,7 @@ def _gpu_vs_host(q_lens, kv_lens, hq, hkv, max_tokens=None, max_batch=None):
     )
     qsl = _i32([0, *itertools.accumulate(q_lens)])
     ws.plan(qsl.cuda(), _i32(kv_lens).cuda())
-    return ws, host, ws.read_plan()
+    return ws, host, read_prefill_plan(ws)
 
 
 def _same_plan(host, gpu, q_lens, kv_lens, hq, hkv) -> None:
@@ -717,7 +736,7 @@ def test_gpu_plan_cuda_graph() -> None:
     """The GPU planner captured once replays for new lengths in the same
     buffers (graph capture allows no host synchronisation or allocation)."""
     hq, hkv, max_batch, max_tokens = 32, 8, 16, 8192
-    ws = hpc_ops.PrefillWorkspace.create(
+    ws = workspaces.PrefillWorkspace.create(
         max_tokens=max_tokens,
         max_batch=max_batch,
         num_q_heads=hq,
@@ -740,4 +759,4 @@ def test_gpu_plan_cuda_graph() -> None:
         kv.copy_(_i32(kv_lens))
         graph.replay()
         _, host = plan_host(q_lens, kv_lens, hq, hkv, max_tokens, max_batch)
-        _same_plan(host, ws.read_plan(), q_lens, kv_lens, hq, hkv)
+        _same_plan(host, read_prefill_plan(ws), q_lens, kv_lens, hq, hkv)

@@ -221,12 +221,9 @@ class _RecordingOps:
 
     def create(self, **kwargs: Any) -> Any:
         self.created.append(kwargs)
-        real = getattr(_hpc_ops, "MoeWorkspace", None)
         sizes = {k: v for k, v in kwargs.items() if k != "device"}
         buffer = torch.empty(16, dtype=torch.uint8, device=kwargs["device"])
-        if real is not None and dataclasses.is_dataclass(real):
-            return real(buffer=buffer, **sizes)
-        return type("FakeWorkspace", (), {"buffer": buffer, **sizes})()
+        return hpc_moe.MoeWorkspace(buffer=buffer, **sizes)
 
 
 @pytest.fixture
@@ -240,12 +237,7 @@ def _install(monkeypatch: pytest.MonkeyPatch, rec: _RecordingOps) -> None:
     # The layer calls the unchecked form, the eager shims the checked one.
     for name in ("fused_moe_fp8", "fused_moe_fp8_unchecked"):
         monkeypatch.setattr(_hpc_ops, name, rec.fused_moe_fp8, raising=False)
-    real = getattr(_hpc_ops, "MoeWorkspace", None)
-    if real is None:
-        fake = type("MoeWorkspace", (), {"create": staticmethod(rec.create)})
-        monkeypatch.setattr(_hpc_ops, "MoeWorkspace", fake, raising=False)
-    else:
-        monkeypatch.setattr(real, "create", staticmethod(rec.create))
+    monkeypatch.setattr(hpc_moe.MoeWorkspace, "create", staticmethod(rec.create))
 
 
 def _moe_inputs(
@@ -837,7 +829,6 @@ def test_has_hpc_moe_needs_op_entry_point(clean_moe_cache, monkeypatch):
 def test_has_hpc_moe_needs_library_op(clean_moe_cache, monkeypatch):
     monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
     monkeypatch.setattr(_hpc_ops, "fused_moe_fp8", lambda *a, **k: None, raising=False)
-    monkeypatch.setattr(_hpc_ops, "MoeWorkspace", object, raising=False)
     library = SimpleNamespace()
     monkeypatch.setattr(
         hpc_utils, "torch", SimpleNamespace(ops=SimpleNamespace(_hpc_C=library))
@@ -846,6 +837,56 @@ def test_has_hpc_moe_needs_library_op(clean_moe_cache, monkeypatch):
     hpc_utils.has_hpc_moe.cache_clear()
     library.fused_moe_fp8 = object()
     assert hpc_utils.has_hpc_moe() is True
+
+
+def test_has_hpc_moe_needs_workspace_sizing(clean_moe_cache, monkeypatch):
+    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
+    monkeypatch.setattr(_hpc_ops, "moe_workspace_bytes", None, raising=False)
+    assert hpc_utils.has_hpc_moe() is False
+
+
+# ---------------------------------------------------------------------------
+# MoeWorkspace
+# ---------------------------------------------------------------------------
+
+_WORKSPACE_SIZES = {
+    "max_tokens": 256,
+    "topk": 8,
+    "num_local_experts": 16,
+    "hidden_size": 2048,
+    "intermediate_size": 768,
+}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"device": "cpu"}, "CUDA device"),
+        ({"device": "meta"}, "CUDA device"),
+        ({"topk": 17}, "topk is 17"),
+        ({"hidden_size": 200}, "hidden_size is 200"),
+        ({"max_tokens": 0}, "max_tokens"),
+    ],
+)
+def test_moe_workspace_validation(kwargs, match):
+    args = {**_WORKSPACE_SIZES, "device": "cuda", **kwargs}
+    with pytest.raises(ValueError, match=match):
+        hpc_moe.MoeWorkspace.create(**args)
+
+
+@pytest.mark.skipif(
+    not hpc_utils.has_hpc_moe(), reason="the _hpc_C fused MoE op is not built"
+)
+def test_moe_workspace_sized_by_the_library():
+    """Under FakeTensorMode (no GPU needed) the buffer is the library's size
+    and the workspace carries what fused_moe_fp8 reads."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        ws = hpc_moe.MoeWorkspace.create(**_WORKSPACE_SIZES, device="cuda")
+        assert ws.buffer.dtype == torch.uint8 and ws.buffer.device.type == "cuda"
+        assert ws.buffer.numel() == _hpc_ops.moe_workspace_bytes(**_WORKSPACE_SIZES)
+    assert {f.name for f in dataclasses.fields(ws)} == {"buffer", *_WORKSPACE_SIZES}
 
 
 def _wrapper_tensors(tokens: int = 3, experts: int = 4, hidden: int = 256):

@@ -8,8 +8,9 @@ Callers import only the wrappers defined here.
   through ``vllm._hpc_ops``) is usable. The fused RoPE/QK-Norm/KV-write layer
   (``HpcRopeNorm``) runs on it.
 * ``has_hpc_moe()`` additionally requires the fused FP8 MoE kernel: the
-  ``vllm._hpc_ops.fused_moe_fp8`` entry point and the library's
-  ``fused_moe_fp8`` op. ``HPCExperts`` (``--moe-backend hpc``) needs it.
+  ``vllm._hpc_ops.fused_moe_fp8`` and ``moe_workspace_bytes`` entry points
+  and the library's ``fused_moe_fp8`` op. ``HPCExperts``
+  (``--moe-backend hpc``) needs it.
 * ``hpc_fuse_moe`` and ``hpc_fuse_moe_blockwise`` keep the signatures of the
   wrappers that used to forward to the separately installed ``hpc`` package
   and now run ``vllm._hpc_ops.fused_moe_fp8``. They translate that package's
@@ -18,7 +19,8 @@ Callers import only the wrappers defined here.
   compatibility shims, they size their kernel workspace from the batch they
   are given and grow it when a larger one arrives; code that needs a fixed
   workspace (CUDA graphs) calls ``fused_moe_fp8`` with its own
-  ``MoeWorkspace``, as ``HPCExperts`` does.
+  ``MoeWorkspace`` (``vllm.model_executor.layers.fused_moe.hpc_moe``), as
+  ``HPCExperts`` does.
 """
 
 import functools
@@ -39,6 +41,8 @@ __all__ = [
     "hpc_fuse_moe_blockwise",
 ]
 
+# What the op module must provide for the fused MoE.
+_MOE_ENTRY_POINTS = ("fused_moe_fp8", "moe_workspace_bytes")
 # Smallest token capacity of a workspace created by the wrappers below.
 _MIN_WRAPPER_TOKENS = 256
 # Workspaces of the wrappers by (device, topk, local experts, hidden, inter).
@@ -69,16 +73,15 @@ def has_hpc_moe() -> bool:
     """Return ``True`` when the fused FP8 MoE kernel of ``vllm._hpc_C`` is usable.
 
     That is: ``has_hpc()``, the op module has ``fused_moe_fp8`` and
-    ``MoeWorkspace``, and the loaded library registers the ``fused_moe_fp8``
-    op (a library built before the MoE kernel existed does not).
+    ``moe_workspace_bytes``, and the loaded library registers the
+    ``fused_moe_fp8`` op (a library built before the MoE kernel existed does
+    not).
     """
     if not has_hpc():
         return False
     _hpc_ops = importlib.import_module("vllm._hpc_ops")
     missing = [
-        name
-        for name in ("fused_moe_fp8", "MoeWorkspace")
-        if getattr(_hpc_ops, name, None) is None
+        name for name in _MOE_ENTRY_POINTS if getattr(_hpc_ops, name, None) is None
     ]
     if missing:
         logger.info_once(
@@ -100,7 +103,7 @@ def _moe_ops(caller: str) -> ModuleType:
         _hpc_ops = importlib.import_module("vllm._hpc_ops")
     except ImportError as exc:
         raise ImportError(f"{caller} needs vllm._hpc_ops, which failed: {exc}") from exc
-    for name in ("fused_moe_fp8", "MoeWorkspace"):
+    for name in _MOE_ENTRY_POINTS:
         if getattr(_hpc_ops, name, None) is None:
             raise ImportError(
                 f"{caller} needs vllm._hpc_ops.{name}, which this build of the "
@@ -110,7 +113,6 @@ def _moe_ops(caller: str) -> ModuleType:
 
 
 def _wrapper_workspace(
-    _hpc_ops: ModuleType,
     num_tokens: int,
     w13: torch.Tensor,
     w2: torch.Tensor,
@@ -133,9 +135,12 @@ def _wrapper_workspace(
     if workspace is None or workspace.max_tokens < num_tokens:
         capacity = max(_MIN_WRAPPER_TOKENS, 1 << max(num_tokens - 1, 0).bit_length())
         device, topk, experts, hidden, inter = key
+        # Imported here: hpc_moe imports this module.
+        from vllm.model_executor.layers.fused_moe.hpc_moe import MoeWorkspace
+
         # Drop the old buffer before allocating the larger one.
         _wrapper_workspaces.pop(key, None)
-        workspace = _hpc_ops.MoeWorkspace.create(
+        workspace = MoeWorkspace.create(
             max_tokens=capacity,
             topk=topk,
             num_local_experts=experts,
@@ -210,7 +215,7 @@ def hpc_fuse_moe(
     if x.shape[0] == 0:
         return out
     workspace = _wrapper_workspace(
-        _hpc_ops, int(x.shape[0]), gate_up_weight, down_weight, topk_ids
+        int(x.shape[0]), gate_up_weight, down_weight, topk_ids
     )
     # The kernel dequantises x with a1_scale and the gate/up GEMM with
     # w13_scale: a unit a1_scale keeps the combined factor. The intermediate
@@ -266,7 +271,7 @@ def hpc_fuse_moe_blockwise(
     if x.shape[0] == 0:
         return out
     workspace = _wrapper_workspace(
-        _hpc_ops, int(x.shape[0]), gate_up_weight, down_weight, topk_ids
+        int(x.shape[0]), gate_up_weight, down_weight, topk_ids
     )
     hidden_blocks = int(gate_up_weight.shape[2]) // 128
     inter_blocks = int(down_weight.shape[2]) // 128

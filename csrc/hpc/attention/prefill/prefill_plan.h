@@ -41,6 +41,7 @@ enum PlanHeader : int {
   kMaxBatch,      // layout: requests the workspace holds
   kMaxTiles,      // layout: tiles the workspace holds
   kCostShift,     // bucket = keys seen >> shift
+  kHeaderFields,  // the fields above; the header's remaining words are zero
   kHeaderSize = 8,
 };
 

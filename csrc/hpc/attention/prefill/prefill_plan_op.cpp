@@ -1,12 +1,17 @@
 // at::Tensor adapters of the prefill tile planner: the host planner for CPU
-// lengths, the GPU planner for CUDA lengths, and the plan's layout. The
-// checks guard memory safety; vllm/_hpc_ops.py validates the arguments.
+// lengths, the GPU planner for CUDA lengths, and the plan's layout and
+// header fields. The checks guard memory safety; PrefillWorkspace
+// (vllm/v1/attention/ops/hpc_attn_workspace.py) validates the arguments.
 #include <ATen/Tensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <iterator>
 #include <limits>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "attention/prefill/prefill_plan.h"
 #include "ops.h"
@@ -19,6 +24,30 @@ constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
 // Packed tiles keep the KV head in 8 bits and the m-block above them.
 constexpr int64_t kMaxKvHeads = 256;
 constexpr int64_t kMaxMBlocks = int64_t{1} << 23;
+
+// The header's fields by name, in PlanHeader order: plan readers index the
+// header by these names, so a field added to PlanHeader must be named here.
+constexpr std::pair<prefill::PlanHeader, const char*> kHeaderNames[] = {
+    {prefill::kNumTiles, "num_tiles"},
+    {prefill::kTileTokens, "tile_tokens"},
+    {prefill::kNumKvHeads, "num_kv_heads"},
+    {prefill::kBatch, "batch"},
+    {prefill::kMaxBatch, "max_batch"},
+    {prefill::kMaxTiles, "max_tiles"},
+    {prefill::kCostShift, "cost_shift"},
+};
+
+constexpr bool names_every_field_in_order() {
+  if (std::size(kHeaderNames) != static_cast<size_t>(prefill::kHeaderFields)) {
+    return false;
+  }
+  for (size_t i = 0; i < std::size(kHeaderNames); ++i) {
+    if (kHeaderNames[i].first != static_cast<int>(i)) return false;
+  }
+  return true;
+}
+static_assert(names_every_field_in_order(),
+              "kHeaderNames must name every PlanHeader field, in order");
 
 void check_heads(int64_t num_q_heads, int64_t num_kv_heads) {
   TORCH_CHECK(num_kv_heads >= 1 && num_kv_heads <= kMaxKvHeads,
@@ -96,7 +125,14 @@ std::vector<int64_t> prefill_plan_layout(int64_t max_tokens, int64_t max_batch,
               " tiles do not fit an int32 plan");
   const prefill::PlanLayout layout{static_cast<int>(max_batch),
                                    static_cast<int>(max_tiles)};
-  return {max_tiles, layout.size()};
+  return {max_tiles, layout.request_first_item(), layout.tiles(),
+          layout.size()};
+}
+
+std::vector<std::string> prefill_plan_header_fields() {
+  std::vector<std::string> names;
+  for (const auto& field : kHeaderNames) names.emplace_back(field.second);
+  return names;
 }
 
 }  // namespace hpc

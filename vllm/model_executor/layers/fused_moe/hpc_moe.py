@@ -48,8 +48,8 @@ path, class name, ``moe_config=``/``quant_config=`` constructor, the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -77,12 +77,10 @@ from vllm.v1.worker.workspace import (
     is_workspace_manager_initialized,
 )
 
-if TYPE_CHECKING:
-    from vllm._hpc_ops import MoeWorkspace
-
 __all__ = [
     "BLOCK_SHAPE",
     "HPCExperts",
+    "MoeWorkspace",
     "SUPPORTED_QUANT_SCHEMES",
     "workspace_max_tokens",
 ]
@@ -106,6 +104,55 @@ _SCHEMES_TEXT = (
     "with dynamic 1x128 activations (kFp8Static128BlockSym x kFp8Dynamic128Sym)"
 )
 _WORKSPACE_KEY = "hpc_moe.MoeWorkspace"
+
+
+@dataclasses.dataclass
+class MoeWorkspace:
+    """Scratch memory of ``vllm._hpc_ops.fused_moe_fp8``: routing tables, the
+    quantized activations and the intermediate, sized once for the largest
+    batch.
+
+    One workspace serves every MoE layer of a model with the same shapes
+    (calls on one stream run one after another). Nothing is allocated per
+    call, so the op is CUDA-graph capturable.
+    """
+
+    buffer: torch.Tensor  # uint8, flat, on the device
+    max_tokens: int
+    topk: int
+    num_local_experts: int
+    hidden_size: int
+    intermediate_size: int
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        max_tokens: int,
+        topk: int,
+        num_local_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        device: torch.device | str,
+    ) -> MoeWorkspace:
+        """Allocates a workspace for up to ``max_tokens`` tokens routed to
+        ``topk`` experts each, over ``num_local_experts`` experts of shape
+        ``hidden_size`` x ``intermediate_size`` (per rank)."""
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, got {device}")
+        nbytes = _hpc_ops.moe_workspace_bytes(
+            max_tokens, topk, num_local_experts, hidden_size, intermediate_size
+        )
+        return cls(
+            buffer=torch.zeros(nbytes, dtype=torch.uint8, device=device),
+            max_tokens=max_tokens,
+            topk=topk,
+            num_local_experts=num_local_experts,
+            hidden_size=hidden_size,
+            intermediate_size=intermediate_size,
+        )
+
 
 # Workspaces by key when vLLM's workspace manager is not initialised (direct
 # use outside a model runner).
@@ -399,7 +446,7 @@ class HPCExperts(mk.FusedMoEExpertsModular):
         )
 
         def create() -> MoeWorkspace:
-            return _hpc_ops.MoeWorkspace.create(
+            return MoeWorkspace.create(
                 max_tokens=self.max_workspace_tokens,
                 topk=topk,
                 num_local_experts=num_local_experts,

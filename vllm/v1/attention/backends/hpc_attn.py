@@ -63,8 +63,6 @@ from vllm._hpc_ops import (
     MAX_GQA_RATIO,
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
-    DecodeWorkspace,
-    PrefillWorkspace,
     QkNormPolicy,
     decode_attention_unchecked,
     prefill_attention_unchecked,
@@ -96,6 +94,7 @@ from vllm.v1.attention.backends.utils import (
     get_num_attention_heads_from_layers,
     split_decodes_and_prefills,
 )
+from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace, PrefillWorkspace
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     KVCacheLayout,
