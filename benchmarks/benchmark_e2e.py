@@ -127,9 +127,18 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 def _model_config(model: str, layers: int) -> dict[str, Any]:
-    config = {**_COMMON, **MODELS[model], "num_hidden_layers": layers}
+    config = json.loads(json.dumps({**_COMMON, **MODELS[model]}))
+    config["num_hidden_layers"] = layers
     if model == "hy3":
         config["mlp_layer_types"] = ["sparse"] * layers
+        # The attention projections stay bf16: FP8 dummy weights are left as
+        # loaded (tiny), which would make attention's share of the logits
+        # vanish and the agreement check say nothing.
+        config["quantization_config"]["ignored_layers"] = [
+            f"model.layers.{i}.self_attn.{proj}"
+            for i in range(layers)
+            for proj in ("q_proj", "k_proj", "v_proj", "o_proj")
+        ]
     return config
 
 
@@ -165,17 +174,54 @@ def _reinit_weights(worker: Any, seed: int) -> int:
     return written
 
 
-def _step_until_done(engine: Any) -> list[float]:
-    """Runs the engine until its requests finish; seconds of each step."""
+def _step_until_done(engine: Any, profile_steps: range = range(0)) -> list[float]:
+    """Runs the engine until its requests finish; seconds of each step.
+    Steps whose index is in ``profile_steps`` run under the profiler (and
+    are not timed: the profiler slows them)."""
     import torch
 
-    times = []
+    times: list[float] = []
+    profiler = None
+    step = 0
     while engine.has_unfinished_requests():
+        if step == profile_steps.start and profile_steps:
+            profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]
+            )
+            profiler.start()
         t0 = time.perf_counter()
         engine.step()
         torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
+        if profiler is None:
+            times.append(time.perf_counter() - t0)
+        step += 1
+        if profiler is not None and step == profile_steps.stop:
+            profiler.stop()
+            _PROFILES.append((profiler, len(profile_steps)))
+            profiler = None
     return times
+
+
+# (profiler, steps it covered) of the last profiled run.
+_PROFILES: list[tuple[Any, int]] = []
+PROFILE_KERNELS = 25
+
+
+def _kernel_table(profiler: Any, steps: int) -> list[dict[str, Any]]:
+    """The kernels that took the most device time, per step."""
+    rows = []
+    for event in profiler.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0)
+        if device_us > 0:
+            rows.append(
+                {
+                    "kernel": event.key[:120],
+                    "us_per_step": round(device_us / steps, 1),
+                    "calls_per_step": round(event.count / steps, 2),
+                }
+            )
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return rows[:PROFILE_KERNELS]
 
 
 def _prompt(rng: Any, n: int) -> dict[str, list[int]]:
@@ -193,8 +239,11 @@ def _has_vllm_compiled_ops() -> bool:
         return False
 
 
-def run_one(model: str, kv: str, backend: str, layers: int, path: Path) -> None:
-    """Builds the LLM, measures, and writes the result to ``path``."""
+def run_one(
+    model: str, kv: str, backend: str, layers: int, path: Path, profile: bool
+) -> None:
+    """Builds the LLM, measures, and writes the result to ``path``;
+    ``profile``: also the kernels of a few decode steps."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -277,8 +326,12 @@ def run_one(model: str, kv: str, backend: str, layers: int, path: Path) -> None:
     lengths = [LONG_PROMPT] + [SHORT_PROMPT] * NUM_SHORT
     for i, n in enumerate(lengths):
         engine.add_request(f"decode-{i}", _prompt(rng, n), params)
-    steps = _step_until_done(engine)
+    # Profiled: a few steps just before the timed ones end, all decodes.
+    profiled = range(DECODE_STEPS - 8, DECODE_STEPS - 4) if profile else range(0)
+    steps = _step_until_done(engine, profiled)
     result["decode_step_us"] = statistics.median(steps[-TIMED_DECODE_STEPS:]) * 1e6
+    if _PROFILES:
+        result["decode_kernels"] = _kernel_table(*_PROFILES.pop())
     result["decode_steps"] = len(steps)
 
     # Prefill: one long prompt, a token out.
@@ -364,11 +417,16 @@ def main() -> None:
         "--merge", type=Path, help="runs of an earlier call (runs.json)"
     )
     parser.add_argument("--timeout", type=int, default=400, help="seconds per run")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the kernels of a few decode steps in runs.json",
+    )
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "KV", "BACKEND", "PATH"))
     args = parser.parse_args()
     if args.one:
         model, kv, backend, path = args.one
-        run_one(model, kv, backend, args.layers, Path(path))
+        run_one(model, kv, backend, args.layers, Path(path), args.profile)
         return
     if not 2 <= args.layers <= 4:
         parser.error("--layers: 2..4")
@@ -394,6 +452,7 @@ def main() -> None:
                 path = work / f"{model}-{kv}-{backend}.json"
                 log = out / "e2e_runs.log"
                 cmd = [sys.executable, __file__, "--layers", str(args.layers)]
+                cmd += ["--profile"] if args.profile else []
                 cmd += ["--one", model, kv, backend, str(path)]
                 t0 = time.monotonic()
                 with log.open("a") as f:

@@ -74,6 +74,34 @@ def _notes(data: dict[str, Any]) -> list[str]:
     return [part for line in lines for part in (line, "")]
 
 
+PLOT_WORKLOADS = ("E2E",)
+PLOT_WIDTH = 40
+
+
+def _plot(records: list[dict[str, Any]]) -> list[str]:
+    """A text bar chart of each case's times, one bar per impl, scaled to
+    the case's slowest (for workloads without a floor, where the table's
+    fraction column is empty)."""
+    cases: dict[str, list[tuple[str, float]]] = {}
+    for r in records:
+        if r.get("workload") in PLOT_WORKLOADS and isinstance(
+            r.get("us"), (int, float)
+        ):
+            cases.setdefault(str(r["case"]), []).append((str(r["impl"]), r["us"]))
+    if not cases:
+        return []
+    width = max(len(impl) for bars in cases.values() for impl, _ in bars)
+    lines = ["```"]
+    for case, bars in cases.items():
+        lines.append(case)
+        slowest = max(us for _, us in bars)
+        for impl, us in bars:
+            bar = "#" * max(1, round(PLOT_WIDTH * us / slowest))
+            lines.append(f"  {impl:<{width}} {bar:<{PLOT_WIDTH}} {us / 1000:9.2f} ms")
+    lines += ["```", ""]
+    return lines
+
+
 def render_file(name: str, data: dict[str, Any]) -> list[str]:
     """Markdown lines for one results file."""
     lines = [f"## {name}", ""]
@@ -116,6 +144,7 @@ def render_file(name: str, data: dict[str, Any]) -> list[str]:
             cells[-1] = f"not timed: {r['error']}"
         lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")
     lines.append("")
+    lines += _plot(records)
     return lines
 
 

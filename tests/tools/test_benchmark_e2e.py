@@ -1,0 +1,88 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""CPU tests of the E2E benchmark's driver: model configs, the agreement
+measure and the records it writes (the runs themselves need an H200)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import benchmark_e2e as e2e  # noqa: E402
+
+
+def _run(backend: str, decode: float, prefill: float, tokens, logprobs, kv="bf16"):
+    return {
+        "model": "hy3",
+        "kv": kv,
+        "backend": backend,
+        "init_s": 50.0,
+        "decode_step_us": decode,
+        "prefill_us": prefill,
+        "agreement": [{"tokens": tokens, "logprobs": logprobs}],
+    }
+
+
+@pytest.mark.parametrize("model", sorted(e2e.MODELS))
+@pytest.mark.parametrize("layers", [2, 4])
+def test_model_config_shapes(model: str, layers: int):
+    config = e2e._model_config(model, layers)
+    assert config["num_hidden_layers"] == layers
+    assert config["num_attention_heads"] % config["num_key_value_heads"] == 0
+    group = config["num_attention_heads"] // config["num_key_value_heads"]
+    assert group == {"llama": 4, "qwen3": 5, "hy3": 8}[model]
+    assert config["head_dim"] == 128
+    if model == "hy3":
+        quant = config["quantization_config"]
+        assert quant["weight_block_size"] == [128, 128]
+        # Every attention projection of every layer stays unquantized.
+        assert len(quant["ignored_layers"]) == 4 * layers
+        assert f"model.layers.{layers - 1}.self_attn.o_proj" in quant["ignored_layers"]
+        assert config["mlp_layer_types"] == ["sparse"] * layers
+    # The shared table is not modified by building a config.
+    assert "ignored_layers" not in e2e.MODELS["hy3"]["quantization_config"]
+
+
+def test_agreement_stops_at_the_first_diverging_step():
+    hpc = _run(
+        "HPC_ATTN", 1, 1, [5, 7, 9], [{"5": -1.0, "6": -2.0}, {"7": -0.5}, {"9": -3.0}]
+    )
+    ref = _run(
+        "TRITON_ATTN",
+        1,
+        1,
+        [5, 8, 9],
+        [{"5": -1.25, "6": -2.0}, {"7": -0.5}, {"9": 0.0}],
+    )
+    got = e2e._agreement(hpc, ref)
+    assert got["same_first_token"] == "1/1"
+    assert got["same_tokens"] == "0/1"
+    # Steps 0 and 1 share their prefixes; step 2 follows different tokens.
+    assert got["logprobs_compared"] == 3
+    assert got["max_abs_logprob_diff"] == 0.25
+
+
+def test_records_ratios_and_missing_runs():
+    logprobs = [{"5": -1.0}]
+    runs = [
+        _run("HPC_ATTN", 100.0, 400.0, [5], logprobs),
+        _run("TRITON_ATTN", 150.0, 1200.0, [5], logprobs),
+        {"model": "hy3", "kv": "bf16", "backend": "FLASH_ATTN", "error": "exit 1"},
+    ]
+    records = {(r["case"], r["impl"]): r for r in e2e._records(runs)}
+    assert set(records) == {
+        ("hy3-bf16-decode", "hpc"),
+        ("hy3-bf16-decode", "triton_attn"),
+        ("hy3-bf16-prefill", "hpc"),
+        ("hy3-bf16-prefill", "triton_attn"),
+    }
+    assert records[("hy3-bf16-decode", "hpc")]["ratios"] == {"triton_attn": 1.5}
+    assert records[("hy3-bf16-prefill", "hpc")]["ratios"] == {"triton_attn": 3.0}
+    assert records[("hy3-bf16-decode", "triton_attn")]["ratios"] == {}
+    agreement = records[("hy3-bf16-decode", "hpc")]["agreement_triton_attn"]
+    assert agreement["same_tokens"] == "1/1"
+    assert all(r["workload"] == "E2E" for r in records.values())
