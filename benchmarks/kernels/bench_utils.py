@@ -203,6 +203,24 @@ def measure_matmul_tflops(
     return rates, notes
 
 
+def floor_matmul_tflops(
+    n: int = 8192, iters: int = 30
+) -> tuple[dict[str, float], dict[str, float | None], dict[str, str]]:
+    """The bf16 and fp8 rates that compute-bound floors divide by, measured
+    by :func:`measure_matmul_tflops`. Where the fp8 rate cannot be measured,
+    the floors use twice the bf16 rate (Hopper's dense FP8 peak is twice its
+    BF16 peak) and its note says so. Returns (the rates the floors use, the
+    rates as measured, None where not, and the notes)."""
+    measured, notes = measure_matmul_tflops(n, iters)
+    bf16 = measured["bf16"]
+    assert bf16 is not None
+    fp8 = measured["fp8"]
+    if fp8 is None:
+        fp8 = 2 * bf16
+        notes["fp8"] += "; fp8 floors use twice the bf16 rate"
+    return {"bf16": bf16, "fp8": fp8}, measured, notes
+
+
 class L2Scrub:
     """Reads a buffer of four times the L2 size to evict earlier data."""
 
@@ -496,6 +514,20 @@ def missing_baselines(
                 missing[baseline] = why
                 print(f"{baseline} skipped: {why}")
     return missing
+
+
+def missing_ops(qualified: Sequence[str]) -> list[str]:
+    """The ``namespace.op`` names among ``qualified`` that ``torch.ops``
+    does not hold (compiled libraries register their ops when loaded, so a
+    baseline whose Python imports may still lack them)."""
+    absent = []
+    for name in qualified:
+        namespace, op = name.split(".")
+        try:
+            getattr(getattr(torch.ops, namespace), op)
+        except (AttributeError, RuntimeError):
+            absent.append(name)
+    return absent
 
 
 def short_error(err: BaseException | str) -> str:

@@ -114,6 +114,7 @@ from bench_utils import (
     flex_kv_views,
     flex_page_maps,
     flex_paged_block_mask,
+    floor_matmul_tflops,
     gather_tokens,
     import_attn_workspace,
     import_error,
@@ -122,7 +123,6 @@ from bench_utils import (
     make_record,
     max_abs_diff,
     measure_copy_bandwidth_gbps,
-    measure_matmul_tflops,
     median_ms,
     missing_baselines,
     new_events,
@@ -1159,18 +1159,13 @@ def main(argv: list[str] | None = None) -> int:
 
     missing = find_missing(opts.baselines)
     bandwidth = measure_copy_bandwidth_gbps()
-    rates, rate_notes = measure_matmul_tflops()
-    bf16_rate = rates["bf16"]
-    assert bf16_rate is not None
-    fp8_rate = rates["fp8"]
-    if fp8_rate is None:
-        fp8_rate = 2 * bf16_rate
-        rate_notes["fp8"] += "; fp8 floors use twice the bf16 rate"
+    tflops, rates, rate_notes = floor_matmul_tflops()
+    bf16_rate, fp8_rate = tflops["bf16"], tflops["fp8"]
     torch.cuda.empty_cache()
     env = Env(
         hpc_ops=hpc_ops,
         bandwidth_gbps=bandwidth,
-        tflops={"bf16": bf16_rate, "fp8": fp8_rate},
+        tflops=tflops,
         scrub=L2Scrub(),
         missing=missing,
     )
