@@ -48,6 +48,15 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
 // int32 elements.
 std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas);
 
+// [plan CTA slots, partial rows] of a decode workspace (decode::
+// workspace_sizes): what every step of up to max_batch sequences over a
+// cache of max_kv_tokens tokens needs in the given split mode.
+std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
+                                            int64_t num_kv_heads,
+                                            int64_t max_kv_tokens,
+                                            int64_t ctas_offered,
+                                            int64_t split_tiles);
+
 // Persistent decode CTAs per SM for a head size and KV element size.
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
 

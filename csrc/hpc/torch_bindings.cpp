@@ -28,6 +28,10 @@ TORCH_LIBRARY(_hpc_C, m) {
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
   m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]",
         &hpc::decode_plan_layout);
+  m.def(
+      "decode_workspace_sizes(int mode, int max_batch, int num_kv_heads, "
+      "int max_kv_tokens, int ctas_offered, int split_tiles) -> int[]",
+      &hpc::decode_workspace_sizes);
   m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",
         &hpc::decode_ctas_per_sm);
   m.def(

@@ -648,7 +648,7 @@ def plan_decode_host(
     num_kv_heads * 16``); read it with :func:`decode_plan_of`.
     """
     from vllm import _hpc_ops as ops
-    from vllm.v1.attention.ops.hpc_attn_workspace import _plan_ctas
+    from vllm.v1.attention.ops.hpc_attn_workspace import decode_workspace_sizes
 
     ops._check_tensor("kv_lens", kv_lens)
     ops._check_ndim("kv_lens", kv_lens, 1, "[batch]")
@@ -667,7 +667,14 @@ def plan_decode_host(
     if batch < kv_lens.shape[0]:
         raise ValueError(f"max_batch {batch} < len(kv_lens) {kv_lens.shape[0]}")
     max_units = batch * num_kv_heads
-    max_ctas = _plan_ctas(mode, num_ctas, max_units)
+    max_ctas, _ = decode_workspace_sizes(
+        mode,
+        batch,
+        num_kv_heads,
+        max(1, int(kv_lens.sum())),
+        num_ctas,
+        max(1, fixed_split_len // ops.DECODE_TILE_TOKENS),
+    )
     plan = torch.zeros(ops.decode_plan_size(max_units, max_ctas), dtype=torch.int32)
     torch.ops._hpc_C.plan_decode(
         kv_lens.contiguous(),

@@ -54,8 +54,30 @@ def plan_of(
         mode=mode,
     )
     units = len(lens) * num_kv_heads
-    max_ctas = units * 16 if mode == SplitMode.STATIC else num_ctas
+    max_ctas, _ = workspace_sizes(lens, num_kv_heads, num_ctas, fixed_split_len, mode)
     return decode_plan_of(plan, units, max_ctas)
+
+
+def workspace_sizes(
+    lens: list[int],
+    num_kv_heads: int,
+    num_ctas: int,
+    fixed_split_len: int,
+    mode: SplitMode | None,
+) -> tuple[int, int]:
+    """The planner's (CTA slots, partial rows) for a cache holding exactly
+    these sequences."""
+    from vllm.v1.attention.ops.hpc_attn_workspace import decode_workspace_sizes
+
+    mode = hpc_ops._resolve_mode(mode, fixed_split_len)
+    return decode_workspace_sizes(
+        mode,
+        len(lens),
+        num_kv_heads,
+        max(1, sum(lens)),
+        num_ctas,
+        max(1, fixed_split_len // TILE),
+    )
 
 
 def visible_tiles(length: int, query_tokens: int, window: int) -> int:
@@ -212,6 +234,28 @@ def test_plan_properties_random(seed: int) -> None:
     fixed_split_len = rng.choice([0, 0, TILE * rng.choice([1, 8, 16])])
     plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
     check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_workspace_sizes_bound_every_plan(seed: int) -> None:
+    """The partial rows and CTA slots a workspace is sized with hold every
+    plan of a batch that fits its cache, in every mode."""
+    rng = random.Random(seed)
+    lens = [
+        rng.choice([0, 1, 63, 64, 65, rng.randint(1, 70000)])
+        for _ in range(rng.randint(1, 64))
+    ]
+    num_kv_heads = rng.choice([1, 2, 8])
+    num_ctas = rng.choice([1, 7, 132, 264])
+    mode = rng.choice(list(SplitMode))
+    fixed = TILE * rng.choice([1, 2, 8]) if mode == SplitMode.BATCH_INVARIANT else 0
+    min_split_len = TILE * rng.choice([0, 1, 16])
+    plan_ctas, max_partials = workspace_sizes(lens, num_kv_heads, num_ctas, fixed, mode)
+    plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed, mode)
+    assert plan.num_ctas <= plan_ctas
+    assert plan.num_partials <= max_partials
+    if mode == SplitMode.BALANCED:
+        assert (plan_ctas, max_partials) == (num_ctas, 2 * num_ctas)
 
 
 @pytest.mark.parametrize("lens", LENGTH_SETS.values(), ids=LENGTH_SETS.keys())

@@ -156,6 +156,42 @@ HPC_HOST_DEVICE int unit_pieces(int64_t first, int count,
          cta_of(first, total_granules, num_ctas) + 1;
 }
 
+// What a workspace must hold to serve every step of up to `max_batch`
+// sequences with `num_kv_heads` KV heads over a cache of `max_kv_tokens`
+// tokens: the plan's CTA slots and the rows of partial output (pieces of
+// split units), from the bounds each mode's planner keeps.
+struct WorkspaceSizes {
+  int64_t plan_ctas;
+  int64_t max_partials;
+};
+
+inline WorkspaceSizes workspace_sizes(SplitMode mode, int64_t max_batch,
+                                      int64_t num_kv_heads,
+                                      int64_t max_kv_tokens,
+                                      int64_t ctas_offered,
+                                      int64_t split_tiles) {
+  const int64_t max_units = max_batch * num_kv_heads;
+  switch (mode) {
+    case SplitMode::kStatic:
+      // Every piece gets its own CTA.
+      return {max_units * kStaticMaxSplits, max_units * kStaticMaxSplits};
+    case SplitMode::kBatchInvariant: {
+      // Pieces of unit u: ceil(T_u / S) <= T_u / S + 1, and the tiles of all
+      // units together are bounded by the cache capacity.
+      const int64_t max_tiles =
+          num_kv_heads *
+          ((max_kv_tokens + kTileTokens - 1) / kTileTokens + max_batch);
+      return {ctas_offered,
+              max_units + (max_tiles + split_tiles - 1) / split_tiles};
+    }
+    case SplitMode::kBalanced:
+    default:
+      // A CTA holds at most two pieces of split units: its first and its
+      // last.
+      return {ctas_offered, 2 * ctas_offered};
+  }
+}
+
 struct PlanArgs {
   int batch;
   int num_kv_heads;

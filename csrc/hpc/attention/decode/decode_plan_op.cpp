@@ -58,4 +58,20 @@ std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas) {
           layout.size()};
 }
 
+std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
+                                            int64_t num_kv_heads,
+                                            int64_t max_kv_tokens,
+                                            int64_t ctas_offered,
+                                            int64_t split_tiles) {
+  TORCH_CHECK(mode >= 0 && mode <= 2);
+  TORCH_CHECK(max_batch > 0 && num_kv_heads > 0 && max_kv_tokens > 0 &&
+              ctas_offered > 0);
+  TORCH_CHECK(split_tiles > 0 || static_cast<decode::SplitMode>(mode) !=
+                                     decode::SplitMode::kBatchInvariant);
+  const decode::WorkspaceSizes sizes = decode::workspace_sizes(
+      static_cast<decode::SplitMode>(mode), max_batch, num_kv_heads,
+      max_kv_tokens, ctas_offered, split_tiles);
+  return {sizes.plan_ctas, sizes.max_partials};
+}
+
 }  // namespace hpc

@@ -37,19 +37,29 @@ from vllm._hpc_ops import (
     decode_plan_size,
 )
 
-__all__ = ["DecodeWorkspace", "PrefillWorkspace"]
+__all__ = ["DecodeWorkspace", "PrefillWorkspace", "decode_workspace_sizes"]
 
-# Pieces per sequence in the static mode (decode_plan.h kStaticMaxSplits).
-_STATIC_MAX_SPLITS = 16
 # A packed prefill tile keeps its KV head in the low 8 bits (prefill_plan.h).
 _PREFILL_MAX_KV_HEADS = 256
 _INT32_MAX = 2**31 - 1
 
 
-def _plan_ctas(mode: SplitMode, num_ctas: int, max_units: int) -> int:
-    """CTA slots of a decode plan: the static mode gives every piece its own
-    CTA."""
-    return max_units * _STATIC_MAX_SPLITS if mode == SplitMode.STATIC else num_ctas
+def decode_workspace_sizes(
+    mode: SplitMode,
+    max_batch: int,
+    num_kv_heads: int,
+    max_kv_tokens: int,
+    num_ctas: int,
+    split_tiles: int,
+) -> tuple[int, int]:
+    """(plan CTA slots, partial rows) a decode workspace needs for every
+    step of up to ``max_batch`` sequences over ``max_kv_tokens`` cached
+    tokens, asked of the planner (decode_plan.h ``workspace_sizes``)."""
+    _require_library()
+    plan_ctas, max_partials = torch.ops._hpc_C.decode_workspace_sizes(
+        int(mode), max_batch, num_kv_heads, max_kv_tokens, num_ctas, split_tiles
+    )
+    return int(plan_ctas), int(max_partials)
 
 
 def _device_sm_count(device: torch.device) -> int:
@@ -147,20 +157,9 @@ class DecodeWorkspace:
         _check_positive(num_ctas=num_ctas)
         max_units = max_batch * num_kv_heads
         split_tiles = fixed_split_len // DECODE_TILE_TOKENS
-        max_ctas = _plan_ctas(mode, num_ctas, max_units)
-        if mode == SplitMode.BALANCED:
-            # A CTA holds at most two pieces of split units: its first and
-            # its last.
-            max_partials = 2 * num_ctas
-        elif mode == SplitMode.STATIC:
-            max_partials = max_units * _STATIC_MAX_SPLITS
-        else:
-            # Pieces of unit u: ceil(T_u / S) <= T_u / S + 1, and the tiles of
-            # all units are bounded by the cache capacity.
-            max_tiles = num_kv_heads * (
-                -(-max_kv_tokens // DECODE_TILE_TOKENS) + max_batch
-            )
-            max_partials = max_units + -(-max_tiles // split_tiles)
+        max_ctas, max_partials = decode_workspace_sizes(
+            mode, max_batch, num_kv_heads, max_kv_tokens, num_ctas, split_tiles
+        )
         rows = max_query_tokens * group
         return cls(
             plan_buffer=torch.zeros(
