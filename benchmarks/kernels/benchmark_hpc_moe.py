@@ -41,10 +41,16 @@ exceed four times the L2 cache; fewer where they would pass the
 ``num_sets``. When the rotation still touches less than four times the L2
 cache, L2 is scrubbed before each timed replay, outside the timed region.
 
-Floor: the distinct local experts the case's routing hits (``experts_touched``)
-times each expert's ``w13`` + ``w2`` bytes and scales, plus the bf16 input
-and output rows and the routing (ids, weights), at the device-to-device copy
-bandwidth measured in the same run.
+Floor: ``floor_us = max(byte_floor_us, flop_floor_us)``, both in every
+record. Bytes: the distinct local experts the case's routing hits
+(``experts_touched``) times each expert's ``w13`` + ``w2`` bytes and scales,
+plus the bf16 input and output rows and the routing (ids, weights), at the
+device-to-device copy bandwidth measured in the same run. FLOPs
+(``moe_flops``): the two GEMMs of the routes to local experts
+(``local_routes``), at the dense FP8 matmul rate measured in the same run
+(``torch._scaled_mm``; twice the bf16 rate, with a note, where that cannot
+be measured), recorded at the top level as ``fp8_matmul_tflops``. Small
+batches are bound by the weight bytes, prefill-sized ones by the FLOPs.
 
 Implementations, on the same inputs and timed the same way:
 
@@ -59,9 +65,15 @@ Implementations, on the same inputs and timed the same way:
   operands and of gate/up flips some FP8 roundings of the intermediate, so
   it sits about 1-3% from the op's contract, which accumulates in float32
   (hence the guard's 5e-2 below);
-* ``fused_experts``: vLLM's Triton ``fused_experts`` with the same FP8
-  scheme, where vLLM imports (else skipped; the reason is recorded in the
-  ``hpc`` record's ``skipped_baselines``);
+* ``fused_experts``: vLLM's whole Triton MoE as vLLM runs it for FP8
+  (``fused_experts`` with ``fp8_w8a8_moe_quant_config``: per-tensor scales,
+  or 128x128 blocks with dynamic 1x128 activation groups): input
+  quantization, routing alignment (``moe_align_block_size``), both Triton
+  GEMMs, SiLU-and-mul with its quantization and the top-k sum
+  (``moe_sum``). Besides vLLM's Python it needs vLLM's compiled core and
+  MoE ops (``torch.ops._C``, ``torch.ops._moe_C``); where they are not
+  loaded it is skipped, the reason recorded in the ``hpc`` record's
+  ``skipped_baselines`` and the top-level ``skipped``;
 * ``triton_gemms``: the two GEMMs of ``fused_experts`` alone: vLLM's Triton
   ``fused_moe_kernel`` launched as ``fused_experts`` launches it (its config
   for the shape and batch, its token-block assignment, routed weights
@@ -104,16 +116,19 @@ from bench_utils import (
     capture_graphs,
     check_impls,
     finish_run,
+    floor_matmul_tflops,
     import_hpc_ops,
     json_float,
     make_record,
     measure_copy_bandwidth_gbps,
     median_ms,
     missing_baselines,
+    missing_ops,
     new_events,
     print_progress,
     ratios_over,
     short_error,
+    significant,
     sync_quietly,
     time_graphs,
     unavailable_reason,
@@ -172,6 +187,22 @@ TORCH = "torch"
 FUSED_EXPERTS = "fused_experts"
 TRITON_GEMMS = "triton_gemms"
 BASELINES = (TORCH, FUSED_EXPERTS, TRITON_GEMMS)
+FUSED_MOE_MODULE = "vllm.model_executor.layers.fused_moe.fused_moe"
+# The compiled vLLM ops fused_experts calls around its Triton GEMMs (FP8,
+# SiLU). A stand-in for vLLM's core library may define silu_and_mul with a
+# body that raises; the two quantization ops exist only in the real one.
+FUSED_EXPERTS_OPS = (
+    "_moe_C.moe_align_block_size",
+    "_moe_C.moe_sum",
+    "_C.silu_and_mul",
+    "_C.static_scaled_fp8_quant",
+    "_C.per_token_group_fp8_quant",
+)
+FUSED_EXPERTS_VARIANT = (
+    "vLLM's fused_experts with fp8_w8a8_moe_quant_config: input quantization, "
+    "moe_align_block_size, both Triton GEMMs, SiLU-and-mul with its "
+    "quantization, moe_sum"
+)
 TRITON_GEMMS_VARIANT = (
     "vLLM's Triton fused_moe_kernel for the gate-up and down GEMMs only, "
     "launched as fused_experts launches it; input quantization, routing "
@@ -250,6 +281,33 @@ def expert_bytes(inter: int, block_wise: bool) -> int:
     weights = 3 * inter * HIDDEN
     scale_count = 3 * (inter // BLOCK) * (HIDDEN // BLOCK) if block_wise else 2
     return weights + 4 * scale_count
+
+
+def moe_flops(local_routes: int, hidden: int, inter: int) -> int:
+    """FLOPs of the two expert GEMMs: each route of a token to a local
+    expert multiplies the token's row by that expert's ``w13`` (gate and up,
+    ``2 * inter`` x ``hidden``) and its intermediate by ``w2`` (``hidden`` x
+    ``inter``), 2 FLOPs a multiply-add. Routes to experts of other EP ranks
+    do no work here; SiLU, quantization and the reduce are not counted."""
+    return 2 * local_routes * (hidden * 2 * inter + inter * hidden)
+
+
+@dataclasses.dataclass(frozen=True)
+class Floor:
+    """A case's floor: the larger of its byte and FLOP floors (µs)."""
+
+    byte_us: float
+    flop_us: float
+
+    @property
+    def us(self) -> float:
+        return max(self.byte_us, self.flop_us)
+
+    def fields(self) -> dict[str, float]:
+        return {
+            "byte_floor_us": significant(self.byte_us, 4),
+            "flop_floor_us": significant(self.flop_us, 4),
+        }
 
 
 def _seed(*parts: object) -> int:
@@ -362,6 +420,10 @@ class Problem:
     weights_host: torch.Tensor  # float32 [M, k] on the host
     touched: list[int]  # local experts the routing hits
 
+    def local_routes(self) -> int:
+        """(token, choice) pairs routed to an expert of this rank."""
+        return int((self.slots >= 0).sum())
+
     def routing_bytes(self) -> int:
         return sum(
             t.numel() * t.element_size()
@@ -426,6 +488,22 @@ def make_problem(case: Case, device: str | None = None) -> Problem:
         slots=slots,
         weights_host=weights,
         touched=touched,
+    )
+
+
+def case_floor(
+    case: Case, problem: Problem, bandwidth_gbps: float, fp8_tflops: float
+) -> Floor:
+    """The case's byte floor (touched expert weights and scales, bf16 input
+    and output rows, routing, at ``bandwidth_gbps``) and FLOP floor
+    (``moe_flops`` at ``fp8_tflops``)."""
+    inter = case.intermediate()
+    touched_bytes = len(problem.touched) * expert_bytes(inter, case.block_wise)
+    activation_bytes = 2 * case.tokens * HIDDEN * 2 + problem.routing_bytes()
+    flops = moe_flops(problem.local_routes(), HIDDEN, inter)
+    return Floor(
+        byte_us=(touched_bytes + activation_bytes) / (bandwidth_gbps * 1e3),
+        flop_us=flops / (fp8_tflops * 1e6),
     )
 
 
@@ -855,15 +933,18 @@ class Options:
 class Env:
     hpc_ops: ModuleType
     bandwidth_gbps: float
+    fp8_tflops: float  # the FP8 matmul rate behind the FLOP floors
     scrub: L2Scrub
-    missing: dict[str, str]  # baseline -> why it does not import
+    missing: dict[str, str]  # baseline -> why it cannot run here
     weights: WeightCache
 
 
 def _record(
-    case: Case, impl: str, us: float | None, floor_us: float | None, **extra: Any
+    case: Case, impl: str, us: float | None, floor: Floor | None, **extra: Any
 ) -> dict[str, Any]:
-    return make_record(WORKLOAD, case.name, impl, us, floor_us, **extra)
+    floor_us = None if floor is None else floor.us
+    fields = {} if floor is None else floor.fields()
+    return make_record(WORKLOAD, case.name, impl, us, floor_us, **fields, **extra)
 
 
 def choose_num_sets(
@@ -886,8 +967,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     problem = make_problem(case)
     per_expert = expert_bytes(inter, case.block_wise)
     touched_bytes = len(problem.touched) * per_expert
-    activation_bytes = 2 * case.tokens * HIDDEN * 2 + problem.routing_bytes()
-    floor_us = (touched_bytes + activation_bytes) / (env.bandwidth_gbps * 1e3)
+    floor = case_floor(case, problem, env.bandwidth_gbps, env.fp8_tflops)
     set_bytes = case.local_experts * per_expert
     l2_bytes = env.scrub.l2_bytes
     num_sets = choose_num_sets(
@@ -896,7 +976,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
     if num_sets < 1:
         gb = set_bytes / 1e9
         reason = f"skipped: one weight set is {gb:.1f} GB, over --max-weight-gb"
-        return [_record(case, HPC, None, floor_us, error=reason)], True
+        return [_record(case, HPC, None, floor, error=reason)], True
 
     weight_sets = env.weights.get(case, num_sets)
     sets = [
@@ -999,6 +1079,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                 local_experts=case.local_experts,
                 intermediate_size=inter,
                 experts_touched=len(problem.touched),
+                local_routes=problem.local_routes(),
                 num_sets=num_sets,
                 weights_gb_per_set=round(set_bytes / 1e9, 3),
                 rotated_touched_gb=round(rotated / 1e9, 3),
@@ -1029,15 +1110,13 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
                 )
             if TORCH not in impls and HPC in impls:
                 extra["check"] = "reference rows only: the torch baseline failed"
-            skipped = {
-                b: f"not importable: {env.missing[b]}"
-                for b in opts.baselines
-                if b in env.missing
-            }
+            skipped = {b: env.missing[b] for b in opts.baselines if b in env.missing}
             if skipped:
                 extra["skipped_baselines"] = skipped
         if name == TORCH:
             extra["variant"] = TORCH_VARIANT
+        if name == FUSED_EXPERTS:
+            extra["variant"] = FUSED_EXPERTS_VARIANT
         if name == TRITON_GEMMS:
             extra["variant"] = TRITON_GEMMS_VARIANT
         if name in modes:
@@ -1045,7 +1124,7 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
         if name not in timings:
             extra["error"] = errors.get(name, "not timed: the hpc result failed")
         us = timings.get(name)
-        record = _record(case, name, us, floor_us, **extra)
+        record = _record(case, name, us, floor, **extra)
         if name == HPC:
             record["ratios"] = ratios_over(timings, HPC)
         records.append(record)
@@ -1080,8 +1159,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(BASELINES),
         help="comma-separated subset of: "
         + ", ".join(BASELINES)
-        + " (default: all; those that do not import are skipped; torch always "
-        "runs once as the correctness check of hpc)",
+        + " (default: all; those that cannot run here are skipped with the "
+        "reason: vLLM does not import, or for fused_experts vLLM's compiled "
+        "_C/_moe_C ops are not loaded; torch always runs once as the "
+        "correctness check of hpc)",
     )
     parser.add_argument(
         "--max-weight-gb",
@@ -1117,6 +1198,34 @@ def moe_unavailable_reason(hpc_ops: ModuleType) -> str | None:
     return None
 
 
+def find_missing(baselines: Sequence[str]) -> dict[str, str]:
+    """The wanted baselines that cannot run here, each with the reason
+    (printed): vLLM's Python does not import, or, for ``fused_experts``,
+    the compiled vLLM ops it calls are not loaded (importing vLLM's op
+    wrappers loads the libraries that exist, so the check follows the
+    import)."""
+    missing = {
+        name: f"not importable: {why}"
+        for name, why in missing_baselines(
+            {
+                FUSED_EXPERTS: (FUSED_MOE_MODULE, "fused_experts"),
+                TRITON_GEMMS: (FUSED_MOE_MODULE, "invoke_fused_moe_triton_kernel"),
+            },
+            baselines,
+        ).items()
+    }
+    if FUSED_EXPERTS in baselines and FUSED_EXPERTS not in missing:
+        absent = missing_ops(FUSED_EXPERTS_OPS)
+        if absent:
+            missing[FUSED_EXPERTS] = (
+                "vLLM's compiled ops are not loaded ("
+                + ", ".join(f"torch.ops.{op}" for op in absent)
+                + "): needs vLLM's _C and _moe_C libraries"
+            )
+            print(f"{FUSED_EXPERTS} skipped: {missing[FUSED_EXPERTS]}")
+    return missing
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
@@ -1144,29 +1253,22 @@ def main(argv: list[str] | None = None) -> int:
         baselines=tuple(b for b in args.baselines.split(",") if b),
         max_weight_bytes=int(max_weight_gb * 1e9),
     )
-    missing = missing_baselines(
-        {
-            FUSED_EXPERTS: (
-                "vllm.model_executor.layers.fused_moe.fused_moe",
-                "fused_experts",
-            ),
-            TRITON_GEMMS: (
-                "vllm.model_executor.layers.fused_moe.fused_moe",
-                "invoke_fused_moe_triton_kernel",
-            ),
-        },
-        opts.baselines,
-    )
+    missing = find_missing(opts.baselines)
     bandwidth = measure_copy_bandwidth_gbps()
+    tflops, rates, rate_notes = floor_matmul_tflops()
     torch.cuda.empty_cache()
     env = Env(
         hpc_ops=hpc_ops,
         bandwidth_gbps=bandwidth,
+        fp8_tflops=tflops["fp8"],
         scrub=L2Scrub(),
         missing=missing,
         weights=WeightCache(),
     )
-    print(f"copy bandwidth {bandwidth:.0f} GB/s, {len(cases)} MoE cases")
+    print(
+        f"copy bandwidth {bandwidth:.0f} GB/s, fp8 matmul {env.fp8_tflops:.0f} "
+        f"TFLOP/s, {len(cases)} MoE cases"
+    )
 
     records: list[dict[str, Any]] = []
     sound = True
@@ -1187,7 +1289,23 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     env.weights.clear()
 
-    finish_run(RESULT_NAME, records, bandwidth, args.out, impl=HPC, started=started)
+    extra: dict[str, Any] = {
+        "fp8_matmul_tflops": round(env.fp8_tflops, 1),
+        "matmul_tflops": {
+            k: None if v is None else round(v, 1) for k, v in rates.items()
+        },
+        "matmul_notes": rate_notes,
+        "skipped": missing,
+    }
+    finish_run(
+        RESULT_NAME,
+        records,
+        bandwidth,
+        args.out,
+        impl=HPC,
+        started=started,
+        extra=extra,
+    )
     return 0 if sound else 1
 
 
