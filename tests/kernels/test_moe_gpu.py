@@ -21,10 +21,13 @@ cycling routing (uniform, skewed), expert parallelism (none, a local range
 through ``expert_offset``, a scattered ``expert_map``), ``shared_output``,
 fp16 output, int64 ids and spare workspace rows. Then every quantization
 mode x both EP kinds, ``apply_router_weight_on_input``, all tokens on the
-same experts, padded rows, [1]-shaped scales; CUDA-graph capture and replay
-(one graph per token count, one shared workspace), one workspace serving
-both modes, writes staying inside ``out``, alignment errors, zero tokens,
-and ``torch.library.opcheck``.
+same experts, padded rows, [1]-shaped scales; W3's Hy3 shapes (one rank of
+tp8 and of ep8, and tp1) at prefill sizes {512, 1024, 2048, 4096} tokens,
+uniform and skewed, per-tensor and block-wise; CUDA-graph capture and
+replay (one graph per token count, one shared workspace; from 1 to 257
+tokens, and from 64 to 4096 on W3's shapes), one workspace serving both
+modes, writes staying inside ``out``, alignment errors, zero tokens, and
+``torch.library.opcheck``.
 
 Imports only torch, the references and ``vllm._hpc_ops``.
 """
@@ -105,6 +108,7 @@ class Case:
     shared: bool = False
     dtype: torch.dtype = BF16  # 16-bit input and output dtype
     ids_dtype: torch.dtype = torch.int32
+    ep_size: int = 4  # global experts = ep_size x local, with ``ep``
     weight_on_input: bool = False
     row_pad: int = 0
     scalar_shape: tuple[int, ...] = ()
@@ -114,7 +118,8 @@ class Case:
     def id(self) -> str:
         parts = [f"M{self.tokens}", self.shape.id, self.quant, self.routing]
         if self.ep != "none":
-            parts.append(f"ep-{self.ep}")
+            size = "" if self.ep_size == 4 else str(self.ep_size)
+            parts.append(f"ep{size}-{self.ep}")
         if self.shared:
             parts.append("shared")
         if self.dtype == FP16:
@@ -146,6 +151,7 @@ class Case:
             static_a1=static_a1,
             routing=self.routing,
             ep=self.ep,
+            ep_size=self.ep_size,
             ids_dtype=self.ids_dtype,
             shared_output=self.shared,
             apply_router_weight_on_input=self.weight_on_input,
@@ -313,6 +319,48 @@ def _feature_cases() -> list[Case]:
     ]
 
 
+# W3's Hy3 experts (H 4096, 192 experts, top-8, expert intermediate 1536):
+# one rank of tp8 (I 192; block-wise, vLLM loads whole 128-row checkpoint
+# blocks, so I 256 as in the benchmark), one rank of ep8 (24 of the 192
+# experts, I 1536) and tp1 (all 192, I 1536).
+W3_SHAPES = {
+    "tp8": (Shape(192, 8, 4096, 192), Shape(192, 8, 4096, 256)),
+    "ep8": (Shape(24, 8, 4096, 1536),) * 2,
+    "tp1": (Shape(192, 8, 4096, 1536),) * 2,
+}
+LARGE_TOKENS = (512, 1024, 2048, 4096)
+# W3's two modes: static per-tensor, and block-wise with 1x128 input groups.
+W3_QUANTS = ("tensor-static", "block")
+
+
+def _w3_case(tp: str, tokens: int, quant: str, **fields: object) -> Case:
+    """A W3 shape; ep8 as 24 local experts of 192 global ones."""
+    shape = W3_SHAPES[tp][QUANT_MODES[quant][0]]
+    if tp == "ep8":
+        fields = {"ep": "range", "ep_size": 8, **fields}
+    return Case(tokens=tokens, shape=shape, quant=quant, **fields)  # type: ignore[arg-type]
+
+
+def _large_cases() -> list[Case]:
+    """W3's shapes at prefill sizes, uniform and skewed, in both W3 modes;
+    ep8 alternates the local range and a scattered map so that each token
+    count, routing and mode meets both. The float64 reference of the whole
+    output stays affordable even at 4096 tokens x tp1: about 1.2 TFLOP of
+    float64 GEMMs per pass (two passes per check), a fraction of a second
+    on the H200's FP64 tensor cores, with about 1 GB of float64
+    temporaries at most (one expert's dequantized weights and, skewed, the
+    hot expert's 4096 rows)."""
+    cases = []
+    for tp in W3_SHAPES:
+        for t, tokens in enumerate(LARGE_TOKENS):
+            for r, routing in enumerate(("uniform", "skewed")):
+                for q, quant in enumerate(W3_QUANTS):
+                    ep = ("range", "map")[(t + r + q) % 2]
+                    extra = {"ep": ep} if tp == "ep8" else {}
+                    cases.append(_w3_case(tp, tokens, quant, routing=routing, **extra))
+    return cases
+
+
 def _sorted(cases: list[Case]) -> list[Case]:
     """Cases sharing weights run together (the weight cache holds four)."""
     return sorted(cases, key=lambda c: (c.shape.experts, c.shape.hidden, c.shape.inter))
@@ -337,11 +385,17 @@ def test_features(case: Case) -> None:
     _run_and_check(case)
 
 
+@pytest.mark.parametrize("case", _params(_large_cases()))
+def test_large_batch(case: Case) -> None:
+    _run_and_check(case)
+
+
 def test_case_ids_are_unique() -> None:
-    cases = _grid_cases() + _ep_cases() + _feature_cases()
+    cases = _grid_cases() + _ep_cases() + _feature_cases() + _large_cases()
     ids = [case.id for case in cases]
     assert len(ids) == len(set(ids))
-    assert 60 <= len(ids) <= 110
+    assert len(_large_cases()) == len(W3_SHAPES) * len(LARGE_TOKENS) * 2 * 2
+    assert 100 <= len(ids) <= 160
 
 
 def test_cases_cover_every_tiling() -> None:
@@ -361,7 +415,7 @@ def test_cases_cover_every_tiling() -> None:
             sms,
             c.block_wise,
         )
-        for c in _grid_cases() + _ep_cases() + _feature_cases()
+        for c in _grid_cases() + _ep_cases() + _feature_cases() + _large_cases()
     ]
     assert {t.token_tile for t in tilings} == {8, 16, 32, 64, 128}
     assert any(t.gate_up_split > 1 for t in tilings)
@@ -447,34 +501,52 @@ def test_wrong_device_is_rejected() -> None:
 # ---------------------------------------------------------------------------
 
 GRAPH_TOKENS = (1, 3, 16, 64, 257)
+# From a mid-size tiling across the prefill sizes, on W3's shapes.
+LARGE_GRAPH_TOKENS = (64, *LARGE_TOKENS)
 _GRAPH_CASES = [
-    Case(tokens=257, shape=Shape(8, 8, 2048, 768), quant="block"),
-    Case(
-        tokens=257,
-        shape=Shape(192, 8, 2048, 768),
-        quant="tensor-static",
-        ep="map",
-        shared=True,
+    (Case(tokens=257, shape=Shape(8, 8, 2048, 768), quant="block"), GRAPH_TOKENS),
+    (
+        Case(
+            tokens=257,
+            shape=Shape(192, 8, 2048, 768),
+            quant="tensor-static",
+            ep="map",
+            shared=True,
+        ),
+        GRAPH_TOKENS,
     ),
-    Case(
-        tokens=257,
-        shape=Shape(8, 8, 4096, 768),
-        quant="block-fp8",
-        ep="range",
-        ids_dtype=torch.int64,
+    (
+        Case(
+            tokens=257,
+            shape=Shape(8, 8, 4096, 768),
+            quant="block-fp8",
+            ep="range",
+            ids_dtype=torch.int64,
+        ),
+        GRAPH_TOKENS,
     ),
-    Case(tokens=257, shape=Shape(8, 1, 2048, 192), quant="tensor-dynamic"),
+    (
+        Case(tokens=257, shape=Shape(8, 1, 2048, 192), quant="tensor-dynamic"),
+        GRAPH_TOKENS,
+    ),
+    (_w3_case("tp8", 4096, "tensor-static"), LARGE_GRAPH_TOKENS),
+    (_w3_case("tp8", 4096, "block"), LARGE_GRAPH_TOKENS),
+    (_w3_case("ep8", 4096, "block", ep="map"), LARGE_GRAPH_TOKENS),
+    (_w3_case("tp1", 4096, "tensor-static"), LARGE_GRAPH_TOKENS),
 ]
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in _GRAPH_CASES])
-def test_cuda_graph_replay(case: Case) -> None:
+@pytest.mark.parametrize(
+    "case, graph_tokens",
+    [pytest.param(c, tokens, id=c.id) for c, tokens in _GRAPH_CASES],
+)
+def test_cuda_graph_replay(case: Case, graph_tokens: tuple[int, ...]) -> None:
     """One graph per token count, all sharing one workspace sized for the
     largest; each replayed twice (in two interleaved rounds) with new
     activations, routing, scales and expert map."""
-    ws = case.workspace(max_tokens=max(GRAPH_TOKENS))
+    ws = case.workspace(max_tokens=max(graph_tokens))
     graphs = []
-    for tokens in GRAPH_TOKENS:
+    for tokens in graph_tokens:
         static = case.build(seed=tokens, tokens=tokens)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
