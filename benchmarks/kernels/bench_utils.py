@@ -8,7 +8,8 @@ CUDA-graph capture and event timing of round-robin input sets, an L2 scrub
 for rotations smaller than four times the L2 cache, random fills, paged-cache
 gathers, the float32 causal reference, and what the attention benchmarks
 share: the compiled FlexAttention with its paged BlockMask, the FlashInfer
-paged prefill wrapper and their common options; the records, the guarded
+paged prefill wrapper, vLLM's FlashAttention-3 (availability, cache views,
+scheduler metadata) and their common options; the records, the guarded
 run of one case and writing the results file that
 ``benchmarks/render_results.py`` reads (see the measurement protocol in the
 design notes).
@@ -322,11 +323,16 @@ def compiled_flex() -> Callable[..., torch.Tensor]:
 
 
 def capture_graphs(
-    impl: Callable[[T], object], sets: Sequence[T], pool: tuple[int, int]
+    impl: Callable[[T], object],
+    sets: Sequence[T],
+    pool: tuple[int, int],
+    outputs: list[Any] | None = None,
 ) -> list[torch.cuda.CUDAGraph]:
     """One CUDA graph of ``impl`` per input set, after a warm-up run of every
     set on a side stream (compilation and lazy initialisation happen there,
-    not under capture)."""
+    not under capture). ``outputs``, when given, receives what each captured
+    call returned: tensors the graph rewrites at every replay, so a caller
+    can check what a replay computed."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -338,8 +344,10 @@ def capture_graphs(
     for s in sets:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            impl(s)
+            out = impl(s)
         graphs.append(graph)
+        if outputs is not None:
+            outputs.append(out)
     return graphs
 
 
@@ -528,6 +536,67 @@ def missing_ops(qualified: Sequence[str]) -> list[str]:
         except (AttributeError, RuntimeError):
             absent.append(name)
     return absent
+
+
+FA3_MODULE = "vllm.vllm_flash_attn"
+
+
+def fa3_unavailable_reason() -> str | None:
+    """Why vLLM's FlashAttention-3 (``flash_attn_varlen_func`` with
+    ``fa_version=3``) cannot run here, or None."""
+    why = import_error(FA3_MODULE, "flash_attn_varlen_func")
+    if why is not None:
+        return why
+    try:
+        from vllm.vllm_flash_attn import fa_version_unsupported_reason
+
+        return fa_version_unsupported_reason(3)
+    except Exception as err:  # noqa: BLE001 - reported as the reason
+        return short_error(err)
+
+
+def missing_fa3(wanted: Sequence[str], names: Sequence[str]) -> dict[str, str]:
+    """The baselines of ``names`` in ``wanted`` (all of them calls of
+    FlashAttention-3) with the reason FA3 cannot run, each printed; empty
+    when it can."""
+    asked = [name for name in names if name in wanted]
+    if not asked:
+        return {}
+    why = fa3_unavailable_reason()
+    if why is None:
+        return {}
+    for name in asked:
+        print(f"{name} skipped: {why}")
+    return dict.fromkeys(asked, why)
+
+
+def fa3_kv_views(
+    key_cache: torch.Tensor, value_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``[num_blocks, block_size, Hkv, D]`` cache views with canonical
+    strides on size-1 dims, as vLLM's FLASH_ATTN backend passes them (FA3's
+    TMA needs 16-byte aligned strides, and a size-1 head dim may carry any
+    stride)."""
+    try:
+        from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
+    except ImportError:
+        return key_cache, value_cache
+    return (
+        canonicalize_singleton_dim_strides(key_cache),
+        canonicalize_singleton_dim_strides(value_cache),
+    )
+
+
+def fa3_scheduler_metadata(**kwargs: Any) -> tuple[torch.Tensor | None, str | None]:
+    """``get_scheduler_metadata(**kwargs)`` as vLLM's FLASH_ATTN builder
+    computes it once per step, or None and why it failed (FA3 then
+    schedules inside each call)."""
+    try:
+        from vllm.vllm_flash_attn import get_scheduler_metadata
+
+        return get_scheduler_metadata(**kwargs), None
+    except Exception as err:  # noqa: BLE001 - the caller records the reason
+        return None, short_error(err)
 
 
 def short_error(err: BaseException | str) -> str:

@@ -108,6 +108,8 @@ from bench_utils import (
     check_impls,
     check_run_args,
     compiled_flex,
+    fa3_kv_views,
+    fa3_scheduler_metadata,
     fill_normal_,
     finish_run,
     flashinfer_prefill_wrapper,
@@ -117,7 +119,6 @@ from bench_utils import (
     floor_matmul_tflops,
     gather_tokens,
     import_attn_workspace,
-    import_error,
     import_hpc_ops,
     json_float,
     make_record,
@@ -125,6 +126,7 @@ from bench_utils import (
     measure_copy_bandwidth_gbps,
     median_ms,
     missing_baselines,
+    missing_fa3,
     new_events,
     print_progress,
     ratios_over,
@@ -457,23 +459,8 @@ def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, first: InputSet) -
     return run
 
 
-def _tma_views(
-    key_cache: torch.Tensor, value_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cache views with canonical strides on size-1 dims, as vLLM's
-    FLASH_ATTN backend passes them (TMA needs aligned strides)."""
-    try:
-        from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
-    except ImportError:
-        return key_cache, value_cache
-    return (
-        canonicalize_singleton_dim_strides(key_cache),
-        canonicalize_singleton_dim_strides(value_cache),
-    )
-
-
 def make_fa3(case: Case, layout: Layout, notes: dict[str, str]) -> Impl:
-    from vllm.vllm_flash_attn import flash_attn_varlen_func, get_scheduler_metadata
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     hq, hkv = case.heads
     shape = case.shape
@@ -487,31 +474,29 @@ def make_fa3(case: Case, layout: Layout, notes: dict[str, str]) -> Impl:
             "k_descale": layout.k_scale.expand(descale_shape),
             "v_descale": layout.v_scale.expand(descale_shape),
         }
-    try:
-        scheduler_metadata = get_scheduler_metadata(
-            batch_size=shape.batch,
-            max_seqlen_q=shape.q_len,
-            max_seqlen_k=shape.kv_len,
-            num_heads_q=hq,
-            num_heads_kv=hkv,
-            headdim=HEAD_SIZE,
-            cache_seqlens=layout.seq_lens,
-            qkv_dtype=case.kv_dtype,
-            cu_seqlens_q=layout.query_start_loc,
-            page_size=case.block_size,
-            causal=True,
-            num_splits=0,
-        )
-        notes[FA3] = FA3_VARIANT
-    except Exception as err:  # noqa: BLE001 - FA3 then schedules in each call
-        scheduler_metadata = None
+    scheduler_metadata, error = fa3_scheduler_metadata(
+        batch_size=shape.batch,
+        max_seqlen_q=shape.q_len,
+        max_seqlen_k=shape.kv_len,
+        num_heads_q=hq,
+        num_heads_kv=hkv,
+        headdim=HEAD_SIZE,
+        cache_seqlens=layout.seq_lens,
+        qkv_dtype=case.kv_dtype,
+        cu_seqlens_q=layout.query_start_loc,
+        page_size=case.block_size,
+        causal=True,
+        num_splits=0,
+    )
+    notes[FA3] = FA3_VARIANT
+    if error is not None:
         notes[FA3] = (
             f"{FA3_VARIANT_BASE}, no scheduler metadata "
-            f"(get_scheduler_metadata: {short_error(err)})"
+            f"(get_scheduler_metadata: {error})"
         )
 
     def run(s: InputSet) -> torch.Tensor:
-        k, v = _tma_views(s.key_cache, s.value_cache)
+        k, v = fa3_kv_views(s.key_cache, s.value_cache)
         flash_attn_varlen_func(
             q=s.q_base,
             k=k,
@@ -965,18 +950,6 @@ def bench_plan(
     return [make_record("PLAN", name, HPC, us, floor_us, **extra)], us is not None
 
 
-def _fa3_unavailable() -> str | None:
-    why = import_error("vllm.vllm_flash_attn", "flash_attn_varlen_func")
-    if why is not None:
-        return why
-    try:
-        from vllm.vllm_flash_attn import fa_version_unsupported_reason
-
-        return fa_version_unsupported_reason(3)
-    except Exception as err:  # noqa: BLE001 - reported as the reason
-        return short_error(err)
-
-
 def find_missing(wanted: tuple[str, ...]) -> dict[str, str]:
     missing = missing_baselines(
         {
@@ -989,11 +962,7 @@ def find_missing(wanted: tuple[str, ...]) -> dict[str, str]:
         },
         wanted,
     )
-    if FA3 in wanted:
-        why = _fa3_unavailable()
-        if why is not None:
-            missing[FA3] = why
-            print(f"{FA3} skipped: {why}")
+    missing.update(missing_fa3(wanted, (FA3,)))
     return missing
 
 
