@@ -18,7 +18,7 @@ instead, as a pull request would carry it: the ``vllm/`` files, the kernels
 ``cmake/hpc_extension.vllm.cmake.in`` with the kernel sources listed),
 its wiring into CMakeLists.txt and setup.py, the attention registry's
 description of the backend, the tests at vLLM's test paths
-(``TEST_DESTINATIONS``) and the kernel benchmarks.
+(``TEST_DESTINATIONS``), the kernel benchmarks and the end-to-end benchmark.
 
     python tools/apply_patchset.py                       # apply (links)
     python tools/apply_patchset.py --check               # exit 0 when all good
@@ -160,6 +160,8 @@ TEST_DESTINATIONS: tuple[tuple[str, str, str], ...] = (
     ("tests/tools", "test_benchmark_*", "tests/benchmarks"),
 )
 BENCHMARKS = "benchmarks/kernels"
+# Benchmark scripts outside it that the PR carries to the same path.
+BENCHMARK_SCRIPTS = ("benchmarks/benchmark_e2e.py",)
 
 Manifest = dict[str, Any]
 PLURAL = {"link": "links", "copy": "copies"}
@@ -318,6 +320,9 @@ def source_files(tree: Path) -> dict[str, Path]:
         files[dest] = path
     for rel, path in tree_files(tree / BENCHMARKS).items():
         files[f"{BENCHMARKS}/{rel}"] = path
+    for rel in BENCHMARK_SCRIPTS:
+        if (tree / rel).is_file():
+            files[rel] = tree / rel
     return dict(sorted(files.items()))
 
 

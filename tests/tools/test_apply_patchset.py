@@ -660,6 +660,9 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
         assert f"csrc/hpc/{rel}" in layout.files
     for rel in tool.tree_files(REPO_ROOT / tool.BENCHMARKS):
         assert f"{tool.BENCHMARKS}/{rel}" in layout.files
+    for rel in tool.BENCHMARK_SCRIPTS:
+        assert (REPO_ROOT / rel).is_file(), rel
+        assert rel in layout.files
     assert not set(layout.files) & set(layout.edits)
     assert not any(rel.endswith(".so") for rel in layout.files)
 
