@@ -29,6 +29,11 @@ over the others. Writes ``benchmarks/results/benchmark_e2e.json`` (and under
 
 usage: python benchmarks/benchmark_e2e.py [--models hy3] [--kv bf16,fp8]
            [--backends HPC_ATTN,TRITON_ATTN,FLASH_ATTN] [--layers 2] [--out DIR]
+           [--profile]
+
+``--profile`` records, per run, the kernels that took the most device time in
+four decode steps (``decode_kernels`` in ``runs.json``), to tell where one
+backend's step time goes against another's.
 """
 
 from __future__ import annotations
