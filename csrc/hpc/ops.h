@@ -44,8 +44,9 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
                       int64_t max_units, int64_t num_ctas);
 
 // [header size, unit_granule_offset, unit_num_pieces, unit_first_partial,
-// cta_granule_begin, cta_first_unit, plan size] of decode::PlanLayout, in
-// int32 elements.
+// cta_granule_begin, cta_first_unit, cta_first_item, plan size] of
+// decode::PlanLayout, in int32 elements (cta_first_item: max_ctas
+// descriptors of decode::kItemWords words).
 std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas);
 
 // [plan CTA slots, partial rows] of a decode workspace (decode::

@@ -593,6 +593,23 @@ class DecodePlan:
     unit_first_partial: torch.Tensor  # [num_units], -1: written directly
     cta_granule_begin: torch.Tensor  # [num_ctas + 1]
     cta_first_unit: torch.Tensor  # [num_ctas]
+    # [max_ctas, 8]: every CTA slot's first work item, resolved as the
+    # kernel's cursor does: DECODE_ITEM_FIELDS, unit -1 for a slot without
+    # work.
+    cta_first_item: torch.Tensor
+
+
+# Columns of DecodePlan.cta_first_item (decode_plan.h CtaItemField).
+DECODE_ITEM_FIELDS = (
+    "unit",
+    "kv_len",
+    "tile_begin",
+    "tile_end",
+    "pieces",
+    "first_partial",
+    "partial_row",
+    "spare",
+)
 
 
 def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodePlan:
@@ -600,9 +617,10 @@ def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodeP
     ``max_ctas`` CTA slots), copied to the host (synchronises). The arrays'
     offsets come from the library (``decode_plan_layout``)."""
     plan = plan.cpu()
-    header_size, o_offset, o_pieces, o_partial, o_begin, o_first, _ = (
+    header_size, o_offset, o_pieces, o_partial, o_begin, o_first, o_item, _ = (
         int(v) for v in torch.ops._hpc_C.decode_plan_layout(max_units, max_ctas)
     )
+    words = len(DECODE_ITEM_FIELDS)
     header = [int(v) for v in plan[:header_size].tolist()]
     units, ctas = header[0], header[2]
     return DecodePlan(
@@ -612,6 +630,7 @@ def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodeP
         unit_first_partial=plan[o_partial : o_partial + units],
         cta_granule_begin=plan[o_begin : o_begin + ctas + 1],
         cta_first_unit=plan[o_first : o_first + ctas],
+        cta_first_item=plan[o_item : o_item + max_ctas * words].view(max_ctas, words),
     )
 
 

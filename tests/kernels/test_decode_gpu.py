@@ -417,8 +417,9 @@ def test_case_ids_are_unique() -> None:
 
 
 def _plan_words(plan: torch.Tensor, max_units: int, max_ctas: int) -> torch.Tensor:
-    """The words a plan defines: the header and each array up to its live
-    length. (The tails past the live lengths are never written.)"""
+    """The words a plan defines: the header, each array up to its live
+    length (the tails past the live lengths are never written) and every
+    CTA slot's first-item descriptor (all rewritten by each plan)."""
     view = decode_plan_of(plan, max_units, max_ctas)
     return torch.cat(
         [
@@ -428,6 +429,7 @@ def _plan_words(plan: torch.Tensor, max_units: int, max_ctas: int) -> torch.Tens
             view.unit_first_partial,
             view.cta_granule_begin,
             view.cta_first_unit,
+            view.cta_first_item.flatten(),
         ]
     )
 

@@ -5,11 +5,13 @@
 Each plan is checked against an independent reconstruction: every CTA walks
 its granule range from its first unit the way the decode kernel will, and the
 pieces it finds must cover every tile of every (KV head, sequence) unit
-exactly once, with the split table the combine reads.
+exactly once, with the split table the combine reads; and every CTA's
+first-item descriptor must be the first piece that walk finds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -80,14 +82,20 @@ def workspace_sizes(
     )
 
 
+def first_visible(length: int, query_tokens: int, window: int) -> int:
+    """First tile some query of a sequence can see (independent of the
+    kernel): the first query, at length - query_tokens, sees back to
+    window - 1 keys before it."""
+    if window <= 0:
+        return 0
+    return max(0, length - query_tokens - window + 1) // TILE
+
+
 def visible_tiles(length: int, query_tokens: int, window: int) -> int:
     """Tiles of a sequence some query can see (independent of the kernel)."""
     if length <= 0:
         return 0
-    first = 0
-    if window > 0:
-        first = max(0, length - query_tokens - window + 1) // TILE
-    return math.ceil(length / TILE) - first
+    return math.ceil(length / TILE) - first_visible(length, query_tokens, window)
 
 
 def tiles_per_granule(tiles: int, mode: SplitMode, fixed_split_len: int) -> int:
@@ -196,6 +204,62 @@ def check_plan(
             assert first_partial[u] == -1
     assert plan.num_partials == next_partial
 
+    check_first_items(plan, lens, fixed_split_len, mode, window, query_tokens)
+
+
+IDLE_ITEM = [-1, 0, 0, 0, 0, -1, -1, 0]
+
+
+def check_first_items(
+    plan: DecodePlan,
+    lens: list[int],
+    fixed_split_len: int,
+    mode: SplitMode,
+    window: int,
+    query_tokens: int,
+) -> None:
+    """Every CTA's descriptor is the first piece the walk finds for it, in
+    tiles, with the piece's row among its unit's pieces (in granule order)
+    and the unit's first partial row as the split table numbers them;
+    every slot past the CTAs with work is marked idle."""
+    batch = len(lens)
+    per_cta = walk(plan)
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for pieces in per_cta:
+        for unit, lo, hi in pieces:
+            ranges.setdefault(unit, []).append((lo, hi))
+    first_row: dict[int, int] = {}
+    next_row = 0
+    for unit in sorted(ranges):
+        ranges[unit].sort()
+        if len(ranges[unit]) > 1:
+            first_row[unit] = next_row
+            next_row += len(ranges[unit])
+
+    items = plan.cta_first_item.tolist()
+    assert len(items) >= plan.num_ctas
+    for c, pieces in enumerate(per_cta):
+        assert pieces, f"CTA {c} has no work"
+        unit, lo, hi = pieces[0]
+        length = lens[unit % batch]
+        tiles = visible_tiles(length, query_tokens, window)
+        per = tiles_per_granule(tiles, mode, fixed_split_len)
+        tile0 = first_visible(length, query_tokens, window)
+        split = unit in first_row
+        expected = [
+            unit,
+            length,
+            tile0 + lo * per,
+            tile0 + min(hi * per, tiles),
+            len(ranges[unit]),
+            first_row[unit] if split else -1,
+            first_row[unit] + ranges[unit].index((lo, hi)) if split else -1,
+            0,
+        ]
+        assert items[c] == expected, f"CTA {c}: {items[c]} != {expected}"
+    for c in range(plan.num_ctas, len(items)):
+        assert items[c] == IDLE_ITEM, f"idle CTA slot {c}: {items[c]}"
+
 
 LENGTH_SETS = {
     "w1": [131072] + [4096] * 31,
@@ -210,17 +274,43 @@ LENGTH_SETS = {
 }
 
 
+WINDOWS_AND_QUERY_TOKENS = [(0, 1), (0, 3), (1000, 1), (100, 4)]
+
+
 @pytest.mark.parametrize("lens", LENGTH_SETS.values(), ids=LENGTH_SETS.keys())
 @pytest.mark.parametrize("num_kv_heads", [1, 8])
 @pytest.mark.parametrize(
     ("min_split_len", "fixed_split_len"), [(1024, 0), (64, 0), (0, 0), (0, 1024)]
 )
+@pytest.mark.parametrize(("window", "query_tokens"), WINDOWS_AND_QUERY_TOKENS)
 def test_plan_properties(
-    lens: list[int], num_kv_heads: int, min_split_len: int, fixed_split_len: int
+    lens: list[int],
+    num_kv_heads: int,
+    min_split_len: int,
+    fixed_split_len: int,
+    window: int,
+    query_tokens: int,
 ) -> None:
     num_ctas = 132
-    plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
-    check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+    plan = plan_of(
+        lens,
+        num_kv_heads,
+        num_ctas,
+        min_split_len,
+        fixed_split_len,
+        window=window,
+        query_tokens=query_tokens,
+    )
+    check_plan(
+        plan,
+        lens,
+        num_kv_heads,
+        num_ctas,
+        min_split_len,
+        fixed_split_len,
+        window=window,
+        query_tokens=query_tokens,
+    )
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -252,6 +342,7 @@ def test_workspace_sizes_bound_every_plan(seed: int) -> None:
     min_split_len = TILE * rng.choice([0, 1, 16])
     plan_ctas, max_partials = workspace_sizes(lens, num_kv_heads, num_ctas, fixed, mode)
     plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed, mode)
+    check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed, mode)
     assert plan.num_ctas <= plan_ctas
     assert plan.num_partials <= max_partials
     if mode == SplitMode.BALANCED:
@@ -312,6 +403,67 @@ def test_batch_invariant_mode_ignores_neighbours(seed: int) -> None:
 
     for head in range(2):
         assert pieces_of(alone, head) == pieces_of(mixed, head * len(batch) + position)
+
+
+def test_plan_layout_keeps_offsets_and_aligns_descriptors() -> None:
+    """The descriptors come after every other array, each on a 32-byte
+    boundary, and end the plan."""
+    for max_units, max_ctas in ((1, 1), (6, 16), (37, 132), (512, 8192)):
+        layout = [
+            int(v) for v in torch.ops._hpc_C.decode_plan_layout(max_units, max_ctas)
+        ]
+        header, offset, pieces, partial, begin, first, item, size = layout
+        assert (header, offset) == (8, 8)
+        assert pieces == offset + max_units + 1
+        assert partial == pieces + max_units
+        assert begin == partial + max_units
+        assert first == begin + max_ctas + 1
+        assert first + max_ctas <= item < first + max_ctas + 8
+        assert item % 8 == 0
+        assert size == item + 8 * max_ctas
+        assert hpc_ops.decode_plan_size(max_units, max_ctas) == size
+
+
+def test_replan_rewrites_every_descriptor() -> None:
+    """A smaller plan written over a larger one leaves no stale descriptor:
+    the slots the larger plan used are marked idle again."""
+    num_kv_heads, num_ctas = 2, 132
+    big = torch.tensor([100000, 4096, 70, 5000], dtype=torch.int32)
+    small = torch.tensor([64, 0], dtype=torch.int32)
+    max_units = big.numel() * num_kv_heads
+    buffer = torch.zeros(
+        hpc_ops.decode_plan_size(max_units, num_ctas), dtype=torch.int32
+    )
+    for kv_lens in (big, small):
+        torch.ops._hpc_C.plan_decode(
+            kv_lens, buffer, num_kv_heads, 1, 0, num_ctas, max_units, 1, 0, 0
+        )
+    fresh = plan_decode_host(
+        small, num_kv_heads, 1, num_ctas, min_split_len=64, max_batch=big.numel()
+    )
+    replanned = decode_plan_of(buffer, max_units, num_ctas)
+    assert replanned.num_ctas == 2
+    assert torch.equal(
+        replanned.cta_first_item,
+        decode_plan_of(fresh, max_units, num_ctas).cta_first_item,
+    )
+    check_plan(replanned, small.tolist(), num_kv_heads, num_ctas, 64, 0)
+
+
+@pytest.mark.parametrize("field", range(8))
+def test_first_item_check_detects_a_wrong_descriptor(field: int) -> None:
+    """The descriptor check fails when any word of a working CTA's
+    descriptor or of an idle slot is off by one."""
+    lens = [7, 100000, 3, 65536, 0, 2048]
+    plan = plan_of(lens, 2, 132, 256, 0, window=1000, query_tokens=2)
+    check_plan(plan, lens, 2, 132, 256, 0, window=1000, query_tokens=2)
+    assert 0 < plan.num_ctas < plan.cta_first_item.shape[0]
+    for c in (0, plan.num_ctas // 2, plan.num_ctas):
+        items = plan.cta_first_item.clone()
+        items[c, field] += 1
+        tampered = dataclasses.replace(plan, cta_first_item=items)
+        with pytest.raises(AssertionError):
+            check_first_items(tampered, lens, 0, SplitMode.BALANCED, 1000, 2)
 
 
 @pytest.mark.parametrize(

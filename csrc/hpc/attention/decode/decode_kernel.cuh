@@ -120,22 +120,12 @@ struct SmemPlan {
 // Work iteration (shared by the producer and the consumers)
 // ---------------------------------------------------------------------------
 
-struct WorkItem {
-  int unit;
-  int tile_begin;  // absolute tile indices in the sequence
-  int tile_end;
-  int kv_len;
-  int pieces;         // pieces of the unit (1: written directly)
-  int first_partial;  // partial row of the unit's first piece (split units)
-  int partial_row;    // partial row of this piece (split units)
-};
-
-// Turns the CTA's granule range into work items, in order.
+// Turns the CTA's granule range into work items, in order, with the
+// planners' own resolution (resolve_item, decode_plan.h).
 class WorkCursor {
  public:
   __device__ WorkCursor(const DecodeParams& p, int cta)
       : p_(p),
-        offset_(p.plan + p.layout.unit_granule_offset()),
         cta_(cta),
         total_(p.plan[kTotalGranules]),
         num_ctas_(p.plan[kNumCtas]),
@@ -154,31 +144,15 @@ class WorkCursor {
 
   __device__ bool next(WorkItem& item) {
     if (x_ >= end_) return false;
-    while (offset_[unit_ + 1] <= x_) ++unit_;
-    const int first = offset_[unit_];
-    const int last = offset_[unit_ + 1];
-    const int kv_len = p_.kv_lens[unit_ % p_.batch];
-    const int tile0 = first_visible_tile(kv_len, p_.query_tokens, p_.window);
-    const int tiles = unit_tiles(kv_len, p_.query_tokens, p_.window);
-    const int per = granule_tiles(tiles, mode_, split_tiles_);
-    const int g0 = x_ - first;
-    const bool balanced = mode_ == SplitMode::kBalanced;
-    const int g1 = balanced ? min(end_, last) - first : g0 + 1;
-    item.unit = unit_;
-    item.kv_len = kv_len;
-    item.tile_begin = tile0 + g0 * per;
-    item.tile_end = tile0 + min(g1 * per, tiles);
-    item.pieces = p_.plan[p_.layout.unit_num_pieces() + unit_];
-    const int piece = balanced ? cta_ - cta_of(first, total_, num_ctas_) : g0;
-    item.first_partial = p_.plan[p_.layout.unit_first_partial() + unit_];
-    item.partial_row = item.first_partial + piece;
-    x_ = first + g1;
+    const ItemSource source{
+        p_.plan,   p_.layout, p_.kv_lens,   p_.batch, p_.query_tokens,
+        p_.window, mode_,     split_tiles_, total_,   num_ctas_};
+    x_ = resolve_item(source, cta_, x_, end_, unit_, item);
     return true;
   }
 
  private:
   const DecodeParams& p_;
-  const int32_t* offset_;
   int cta_;
   int total_;
   int num_ctas_;

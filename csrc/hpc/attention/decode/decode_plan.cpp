@@ -55,6 +55,29 @@ void plan_decode_host(const int32_t* kv_lens, const PlanArgs& args,
   }
   begin[num_ctas] = static_cast<int32_t>(total);
 
+  // Every slot is rewritten, so that a slot idle in this plan never keeps
+  // the work of an earlier, larger one.
+  const ItemSource source{plan,
+                          layout,
+                          kv_lens,
+                          args.batch,
+                          args.query_tokens,
+                          args.window,
+                          args.mode,
+                          args.split_tiles,
+                          static_cast<int>(total),
+                          num_ctas};
+  for (int c = 0; c < layout.max_ctas; ++c) {
+    if (c < num_ctas && begin[c] < begin[c + 1]) {
+      int u = first_unit[c];
+      WorkItem item;
+      resolve_item(source, c, begin[c], begin[c + 1], u, item);
+      store_cta_item(plan, layout, c, &item);
+    } else {
+      store_cta_item(plan, layout, c, nullptr);
+    }
+  }
+
   plan[kNumUnits] = num_units;
   plan[kTotalGranules] = static_cast<int32_t>(total);
   plan[kNumCtas] = num_ctas;

@@ -1,7 +1,8 @@
 // GPU split-KV decode planner: one CTA evaluates decode_plan.h for all units
-// with two block-wide prefix sums (granule offsets, partial rows) and one
-// binary search per CTA, so its cost is O(batch) with no serial walk and no
-// inter-CTA waiting. Lengths may change between CUDA-graph replays.
+// with two block-wide prefix sums (granule offsets, partial rows), then one
+// binary search and one work-item resolution per CTA slot, so its cost is
+// O(batch + CTAs) with no serial walk and no inter-CTA waiting. Lengths may
+// change between CUDA-graph replays.
 #include <cuda_runtime.h>
 
 #include "attention/decode/decode_plan.h"
@@ -110,12 +111,33 @@ __global__ void __launch_bounds__(kMaxPlannerThreads)
     if (pieces > 1) running += pieces;
   }
 
+  __syncthreads();  // every unit's pieces and partial row are visible
+
+  // One thread per CTA slot: its range, first unit and first work item.
+  // Every slot is rewritten, so that a slot idle in this plan never keeps
+  // the work of an earlier, larger one.
   int32_t* begin = plan + layout.cta_granule_begin();
   int32_t* first_unit = plan + layout.cta_first_unit();
-  for (int c = threadIdx.x; c < num_ctas; c += blockDim.x) {
+  const ItemSource source{
+      plan,        layout,    kv_lens,          args.batch, args.query_tokens,
+      args.window, args.mode, args.split_tiles, total,      num_ctas};
+  for (int c = threadIdx.x; c < layout.max_ctas; c += blockDim.x) {
+    if (c >= num_ctas) {
+      store_cta_item(plan, layout, c, nullptr);
+      continue;
+    }
     const int x = static_cast<int>(cta_begin(c, total, num_ctas));
+    const int end = static_cast<int>(cta_begin(c + 1, total, num_ctas));
+    int u = find_unit(offset, num_units, x);
     begin[c] = x;
-    first_unit[c] = find_unit(offset, num_units, x);
+    first_unit[c] = u;
+    if (x < end) {
+      WorkItem item;
+      resolve_item(source, c, x, end, u, item);
+      store_cta_item(plan, layout, c, &item);
+    } else {
+      store_cta_item(plan, layout, c, nullptr);
+    }
   }
   if (threadIdx.x == 0) {
     begin[num_ctas] = total;

@@ -22,8 +22,10 @@
 //
 // The plan is a flat int32 workspace (layout below) written either by the
 // host implementation or by the GPU planner; both evaluate the functions in
-// this header, so their outputs are bit-identical. No torch, no device code
-// beyond __host__ __device__ helpers.
+// this header, so their outputs are bit-identical. Besides the split tables
+// it holds every CTA's first work item, resolved by the same function the
+// kernel's cursor uses (resolve_item). No torch, no device code beyond
+// __host__ __device__ helpers.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -55,6 +57,20 @@ enum PlanHeader : int {
   kHeaderSize = 8,
 };
 
+// Fields of a CTA's first-item descriptor (PlanLayout::cta_first_item), in
+// WorkItem's order. A CTA without work has unit -1 and an empty tile range.
+enum CtaItemField : int {
+  kItemUnit = 0,
+  kItemKvLen,
+  kItemTileBegin,
+  kItemTileEnd,
+  kItemPieces,
+  kItemFirstPartial,
+  kItemPartialRow,
+  kItemSpare,  // reserved, 0
+  kItemWords = 8,
+};
+
 // Offsets (in int32 elements) of the plan's arrays for a workspace sized for
 // up to `max_units` units and `max_ctas` CTAs.
 struct PlanLayout {
@@ -79,7 +95,21 @@ struct PlanLayout {
   HPC_HOST_DEVICE int64_t cta_first_unit() const {
     return cta_granule_begin() + max_ctas + 1;
   }
-  HPC_HOST_DEVICE int64_t size() const { return cta_first_unit() + max_ctas; }
+  // cta_first_item[c * kItemWords + field]: CTA c's first work item,
+  // resolved, for every CTA slot (the kernel's grid), so that a CTA starts
+  // from one load instead of a chain of dependent ones. It is last so that
+  // the other arrays keep their offsets. Each descriptor is 8 words on a
+  // 32-byte boundary of the plan (a fresh allocation is at least that
+  // aligned), so it fills exactly one 32-byte L2 sector: one memory
+  // transaction, read whole by two 16-byte vector loads (which need 16-byte
+  // alignment) or one 32-byte load where the ISA has it.
+  HPC_HOST_DEVICE int64_t cta_first_item() const {
+    const int64_t end = cta_first_unit() + max_ctas;
+    return (end + kItemWords - 1) / kItemWords * kItemWords;
+  }
+  HPC_HOST_DEVICE int64_t size() const {
+    return cta_first_item() + static_cast<int64_t>(max_ctas) * kItemWords;
+  }
 };
 
 HPC_HOST_DEVICE int num_tiles(int kv_len) {
@@ -154,6 +184,81 @@ HPC_HOST_DEVICE int unit_pieces(int64_t first, int count,
   if (mode != SplitMode::kBalanced) return count;
   return cta_of(first + count - 1, total_granules, num_ctas) -
          cta_of(first, total_granules, num_ctas) + 1;
+}
+
+// One (unit, tile range) a CTA processes: the granules of one unit within
+// its range (balanced) or one granule (other modes, where every granule is a
+// piece).
+struct WorkItem {
+  int unit;
+  int kv_len;
+  int tile_begin;  // absolute tile indices in the sequence
+  int tile_end;
+  int pieces;         // pieces of the unit (1: written directly)
+  int first_partial;  // partial row of the unit's first piece (split units)
+  int partial_row;    // partial row of this piece (split units)
+};
+
+// What resolving a work item reads besides the CTA's position: the plan's
+// unit arrays (already written), its scalars and the lengths. The kernel
+// takes them from its parameters and the plan header, the planners from
+// their arguments; the values are the same.
+struct ItemSource {
+  const int32_t* plan;
+  PlanLayout layout;
+  const int32_t* kv_lens;
+  int batch;
+  int query_tokens;
+  int window;
+  SplitMode mode;
+  int split_tiles;
+  int total;     // W
+  int num_ctas;  // CTAs that receive work
+};
+
+// The work item CTA `cta` starts at granule x of its range [.., end),
+// x < end. `unit` is the unit holding x or an earlier one (the CTA's
+// previous unit, or its first) and is advanced to the one holding x.
+// Returns the granule after the item. This is the one definition of a work
+// item: the decode kernel's cursor and both planners' descriptors call it.
+HPC_HOST_DEVICE int resolve_item(const ItemSource& s, int cta, int x, int end,
+                                 int& unit, WorkItem& item) {
+  const int32_t* offset = s.plan + s.layout.unit_granule_offset();
+  while (offset[unit + 1] <= x) ++unit;
+  const int first = offset[unit];
+  const int last = offset[unit + 1];
+  const int kv_len = s.kv_lens[unit % s.batch];
+  const int tile0 = first_visible_tile(kv_len, s.query_tokens, s.window);
+  const int tiles = unit_tiles(kv_len, s.query_tokens, s.window);
+  const int per = granule_tiles(tiles, s.mode, s.split_tiles);
+  const int g0 = x - first;
+  const bool balanced = s.mode == SplitMode::kBalanced;
+  const int g1 = balanced ? (end < last ? end : last) - first : g0 + 1;
+  item.unit = unit;
+  item.kv_len = kv_len;
+  item.tile_begin = tile0 + g0 * per;
+  item.tile_end = tile0 + (g1 * per < tiles ? g1 * per : tiles);
+  item.pieces = s.plan[s.layout.unit_num_pieces() + unit];
+  const int piece = balanced ? cta - cta_of(first, s.total, s.num_ctas) : g0;
+  item.first_partial = s.plan[s.layout.unit_first_partial() + unit];
+  item.partial_row = item.first_partial + piece;
+  return first + g1;
+}
+
+// Writes CTA c's descriptor: its first work item, or the idle marker when
+// `item` is null.
+HPC_HOST_DEVICE void store_cta_item(int32_t* plan, const PlanLayout& layout,
+                                    int c, const WorkItem* item) {
+  int32_t* d =
+      plan + layout.cta_first_item() + static_cast<int64_t>(c) * kItemWords;
+  d[kItemUnit] = item ? item->unit : -1;
+  d[kItemKvLen] = item ? item->kv_len : 0;
+  d[kItemTileBegin] = item ? item->tile_begin : 0;
+  d[kItemTileEnd] = item ? item->tile_end : 0;
+  d[kItemPieces] = item ? item->pieces : 0;
+  d[kItemFirstPartial] = item ? item->first_partial : -1;
+  d[kItemPartialRow] = item ? item->partial_row : -1;
+  d[kItemSpare] = 0;
 }
 
 // What a workspace must hold to serve every step of up to `max_batch`

@@ -49,13 +49,10 @@ std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas) {
   TORCH_CHECK(max_units >= 0 && max_ctas >= 0);
   const decode::PlanLayout layout{static_cast<int>(max_units),
                                   static_cast<int>(max_ctas)};
-  return {decode::kHeaderSize,
-          layout.unit_granule_offset(),
-          layout.unit_num_pieces(),
-          layout.unit_first_partial(),
-          layout.cta_granule_begin(),
-          layout.cta_first_unit(),
-          layout.size()};
+  return {decode::kHeaderSize,        layout.unit_granule_offset(),
+          layout.unit_num_pieces(),   layout.unit_first_partial(),
+          layout.cta_granule_begin(), layout.cta_first_unit(),
+          layout.cta_first_item(),    layout.size()};
 }
 
 std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
