@@ -924,16 +924,31 @@ def bench_case(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool]:
             extra["rotated_gb"] = round(num_sets * case.set_bytes() / 1e9, 3)
             extra["l2_scrub"] = scrub is not None
             extra["max_abs_diff"] = diffs
-        if name in notes:
-            extra["variant"] = notes[name]
-        if name not in timings:
-            extra["error"] = errors.get(name, "not timed: the hpc result failed")
-        us = timings.get(name)
-        record = make_record(case.workload, case.name, name, us, floor_us, **extra)
-        if name == HPC:
-            record["ratios"] = ratios_over(timings, HPC)
-        records.append(record)
+        records.append(impl_record(case, name, timings, errors, notes, floor_us, extra))
     return records, ok
+
+
+def impl_record(
+    case: Case,
+    name: str,
+    timings: dict[str, float],
+    errors: dict[str, str],
+    notes: dict[str, str],
+    floor_us: float,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """One implementation's record of a case: its time (or why it has
+    none), its variant note, and for ``hpc`` the ratios over the others."""
+    if name in notes:
+        extra["variant"] = notes[name]
+    if name not in timings:
+        extra["error"] = errors.get(name, "not timed: the hpc result failed")
+    record = make_record(
+        case.workload, case.name, name, timings.get(name), floor_us, **extra
+    )
+    if name == HPC:
+        record["ratios"] = ratios_over(timings, HPC)
+    return record
 
 
 def impl_names(opts: Options, env: Env) -> list[str]:
@@ -1065,15 +1080,7 @@ def bench_chained(case: Case, env: Env, opts: Options) -> tuple[list[dict], bool
         if name in without_plan:
             extra["us_without_plan"] = without_plan[name]
         extra["step_work"] = STEP_WORK[name]
-        if name in notes:
-            extra["variant"] = notes[name]
-        if name not in timings:
-            extra["error"] = errors.get(name, "not timed: the hpc result failed")
-        us = timings.get(name)
-        record = make_record(case.workload, case.name, name, us, floor_us, **extra)
-        if name == HPC:
-            record["ratios"] = ratios_over(timings, HPC)
-        records.append(record)
+        records.append(impl_record(case, name, timings, errors, notes, floor_us, extra))
     return records, ok
 
 
