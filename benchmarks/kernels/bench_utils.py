@@ -415,6 +415,63 @@ def write_results(
     return result
 
 
+def add_merge_arg(parser: argparse.ArgumentParser) -> None:
+    """``--merge JSON``: keep an earlier run's records of the cases this run
+    does not measure (see :func:`merge_records`)."""
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        metavar="JSON",
+        help="an earlier results file of this benchmark whose records of the "
+        "cases this run does not measure are kept (for a run split over calls)",
+    )
+
+
+def merge_records(
+    path: Path,
+    records: list[dict[str, Any]],
+    case_order: Sequence[tuple[str, str]],
+    carried: Sequence[str] = (),
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``records`` plus those of the results file ``path`` that this run did
+    not re-measure (by workload, case and impl), sorted by ``case_order``
+    ((workload, case) pairs); and what was merged, for the JSON (``carried``:
+    top-level fields of the earlier run to keep beside its commit and date).
+
+    An hpc record measured by both runs keeps this run's time and gains the
+    earlier run's ratios to baselines this run did not time: each ratio stays
+    one measured in a single process (baseline and hpc side by side), only
+    the processes differ between baselines."""
+    old = json.loads(path.read_text())
+
+    def key(r: dict[str, Any]) -> tuple[Any, Any, Any]:
+        return (r.get("workload"), r.get("case"), r.get("impl"))
+
+    new = {key(r): r for r in records}
+    kept = []
+    for r in old.get("records", []):
+        mine = new.get(key(r))
+        if mine is None:
+            kept.append(r)
+        elif r.get("impl") == "hpc":
+            ratios = mine.setdefault("ratios", {})
+            for name, value in r.get("ratios", {}).items():
+                ratios.setdefault(name, value)
+    order = {pair: i for i, pair in enumerate(case_order)}
+    merged = sorted(
+        kept + records,
+        key=lambda r: order.get((r.get("workload"), r.get("case")), len(order)),
+    )
+    info = {
+        "records": len(kept),
+        "commit": old.get("commit"),
+        "date": old.get("date"),
+        "copy_bandwidth_gbps": old.get("copy_bandwidth_gbps"),
+        **{field: old.get(field) for field in carried},
+    }
+    return merged, info
+
+
 def ratios_over(timings: dict[str, float], impl: str) -> dict[str, float]:
     """Each other implementation's time over ``impl``'s: how many times
     faster ``impl`` is (empty when ``impl`` was not timed)."""

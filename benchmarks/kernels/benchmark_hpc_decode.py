@@ -110,6 +110,7 @@ import torch
 from bench_utils import (
     CheckedImpls,
     L2Scrub,
+    add_merge_arg,
     add_run_args,
     capture_graphs,
     causal_attention_rows,
@@ -131,6 +132,7 @@ from bench_utils import (
     make_record,
     max_abs_diff,
     measure_copy_bandwidth_gbps,
+    merge_records,
     missing_baselines,
     missing_fa3,
     print_progress,
@@ -1221,6 +1223,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="memory for one case's rotated input sets (default: "
         f"{KV_MEMORY_SHARE:g} of the device's memory, at most {MAX_KV_GB:g})",
     )
+    add_merge_arg(parser)
     args = parser.parse_args(argv)
     check_run_args(parser, args, MIN_ITERS, WORKLOADS, BASELINES)
     return args
@@ -1300,6 +1303,11 @@ def main(argv: list[str] | None = None) -> int:
         records.extend(case_records)
         print_progress("PLAN", name, case_records, started)
 
+    extra: dict[str, Any] = {"skipped": missing}
+    if args.merge is not None:
+        order = [(c.workload, c.name) for c in all_cases(False, True, set(WORKLOADS))]
+        order += [("PLAN", p[0]) for p in plan_cases(False)]
+        records, extra["merged"] = merge_records(args.merge, records, order)
     finish_run(
         RESULT_NAME,
         records,
@@ -1307,7 +1315,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out,
         impl=HPC,
         started=started,
-        extra={"skipped": missing},
+        extra=extra,
     )
     return 0 if sound else 1
 

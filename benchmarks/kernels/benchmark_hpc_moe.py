@@ -113,6 +113,7 @@ from typing import Any
 import torch
 from bench_utils import (
     L2Scrub,
+    add_merge_arg,
     capture_graphs,
     check_impls,
     finish_run,
@@ -122,6 +123,7 @@ from bench_utils import (
     make_record,
     measure_copy_bandwidth_gbps,
     median_ms,
+    merge_records,
     missing_baselines,
     missing_ops,
     new_events,
@@ -1172,6 +1174,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         f"{WEIGHT_MEMORY_SHARE:g} of the device's memory, at most "
         f"{MAX_WEIGHT_GB:g})",
     )
+    add_merge_arg(parser)
     args = parser.parse_args(argv)
     if args.iters < MIN_ITERS:
         parser.error(f"--iters must be at least {MIN_ITERS}")
@@ -1297,6 +1300,11 @@ def main(argv: list[str] | None = None) -> int:
         "matmul_notes": rate_notes,
         "skipped": missing,
     }
+    if args.merge is not None:
+        order = [(WORKLOAD, c.name) for c in all_cases()]
+        records, extra["merged"] = merge_records(
+            args.merge, records, order, carried=("fp8_matmul_tflops",)
+        )
     finish_run(
         RESULT_NAME,
         records,

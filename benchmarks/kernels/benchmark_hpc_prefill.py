@@ -102,6 +102,7 @@ import torch
 from bench_utils import (
     FP8,
     L2Scrub,
+    add_merge_arg,
     add_run_args,
     capture_graphs,
     causal_attention_rows,
@@ -125,6 +126,7 @@ from bench_utils import (
     max_abs_diff,
     measure_copy_bandwidth_gbps,
     median_ms,
+    merge_records,
     missing_baselines,
     missing_fa3,
     new_events,
@@ -1006,53 +1008,19 @@ def print_case_list(cases: list[Case], plans: list[tuple], max_bytes: int) -> No
     print(f"{len(cases)} W5 cases, {len(plans)} planner cases")
 
 
-def merge_records(
+def merge_into(
     path: Path, records: list[dict[str, Any]], block_size: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``records`` plus those of ``path`` that this run did not re-measure
-    (by workload, case and impl), in case order; and what was merged, for
-    the JSON. An hpc record measured by both runs keeps this run's time and
-    gains the earlier run's ratios to baselines this run did not time: each
-    ratio stays one measured in a single process (baseline and hpc side by
-    side), only the processes differ between baselines."""
+    """``records`` merged with an earlier run of the same block size
+    (bench_utils.merge_records), in case order."""
     old = json.loads(path.read_text())
     if old.get("block_size", BLOCK_SIZE) != block_size:
         raise SystemExit(
             f"--merge: {path} was measured with block size {old.get('block_size')}"
         )
-
-    def key(r: dict[str, Any]) -> tuple[Any, Any, Any]:
-        return (r.get("workload"), r.get("case"), r.get("impl"))
-
-    new = {key(r): r for r in records}
-    kept = []
-    for r in old.get("records", []):
-        mine = new.get(key(r))
-        if mine is None:
-            kept.append(r)
-        elif r.get("impl") == "hpc":
-            ratios = mine.setdefault("ratios", {})
-            for name, value in r.get("ratios", {}).items():
-                ratios.setdefault(name, value)
-    order = {
-        (wl, name): i
-        for i, (wl, name) in enumerate(
-            [("W5", c.name) for c in all_cases(block_size)]
-            + [("PLAN", p[0]) for p in plan_cases()]
-        )
-    }
-    merged = sorted(
-        kept + records,
-        key=lambda r: order.get((r.get("workload"), r.get("case")), len(order)),
-    )
-    info = {
-        "records": len(kept),
-        "commit": old.get("commit"),
-        "date": old.get("date"),
-        "matmul_tflops": old.get("matmul_tflops"),
-        "copy_bandwidth_gbps": old.get("copy_bandwidth_gbps"),
-    }
-    return merged, info
+    order = [("W5", c.name) for c in all_cases(block_size)]
+    order += [("PLAN", p[0]) for p in plan_cases()]
+    return merge_records(path, records, order, carried=("matmul_tflops",))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -1077,13 +1045,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=BLOCK_SIZES,
         help=f"KV-cache block size (default {BLOCK_SIZE})",
     )
-    parser.add_argument(
-        "--merge",
-        type=Path,
-        metavar="JSON",
-        help="an earlier results file of this benchmark whose records of the "
-        "cases this run does not measure are kept (for a run split over calls)",
-    )
+    add_merge_arg(parser)
     parser.add_argument(
         "--max-gb",
         type=float,
@@ -1172,7 +1134,7 @@ def main(argv: list[str] | None = None) -> int:
         "skipped": missing,
     }
     if args.merge is not None:
-        records, extra["merged"] = merge_records(args.merge, records, args.block_size)
+        records, extra["merged"] = merge_into(args.merge, records, args.block_size)
     finish_run(
         RESULT_NAME,
         records,
