@@ -58,6 +58,11 @@ std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
                                             int64_t ctas_offered,
                                             int64_t split_tiles);
 
+// Names of the decode plan's header words and of a CTA's first-item
+// descriptor words, in order (decode::PlanHeader, decode::CtaItemField).
+std::vector<std::string> decode_plan_header_fields();
+std::vector<std::string> decode_plan_item_fields();
+
 // Persistent decode CTAs per SM for a head size and KV element size.
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
 

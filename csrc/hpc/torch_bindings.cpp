@@ -28,6 +28,9 @@ TORCH_LIBRARY(_hpc_C, m) {
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
   m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]",
         &hpc::decode_plan_layout);
+  m.def("decode_plan_header_fields() -> str[]",
+        &hpc::decode_plan_header_fields);
+  m.def("decode_plan_item_fields() -> str[]", &hpc::decode_plan_item_fields);
   m.def(
       "decode_workspace_sizes(int mode, int max_batch, int num_kv_heads, "
       "int max_kv_tokens, int ctas_offered, int split_tiles) -> int[]",

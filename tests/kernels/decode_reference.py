@@ -593,23 +593,16 @@ class DecodePlan:
     unit_first_partial: torch.Tensor  # [num_units], -1: written directly
     cta_granule_begin: torch.Tensor  # [num_ctas + 1]
     cta_first_unit: torch.Tensor  # [num_ctas]
-    # [max_ctas, 8]: every CTA slot's first work item, resolved as the
-    # kernel's cursor does: DECODE_ITEM_FIELDS, unit -1 for a slot without
-    # work.
+    # [max_ctas, words]: every CTA slot's first work item, resolved as the
+    # kernel's cursor does, columns named by decode_item_fields(); unit -1
+    # for a slot without work.
     cta_first_item: torch.Tensor
 
 
-# Columns of DecodePlan.cta_first_item (decode_plan.h CtaItemField).
-DECODE_ITEM_FIELDS = (
-    "unit",
-    "kv_len",
-    "tile_begin",
-    "tile_end",
-    "pieces",
-    "first_partial",
-    "partial_row",
-    "spare",
-)
+def decode_item_fields() -> tuple[str, ...]:
+    """Columns of DecodePlan.cta_first_item, asked of the library
+    (decode_plan.h CtaItemField)."""
+    return tuple(torch.ops._hpc_C.decode_plan_item_fields())
 
 
 def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodePlan:
@@ -620,11 +613,13 @@ def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodeP
     header_size, o_offset, o_pieces, o_partial, o_begin, o_first, o_item, _ = (
         int(v) for v in torch.ops._hpc_C.decode_plan_layout(max_units, max_ctas)
     )
-    words = len(DECODE_ITEM_FIELDS)
-    header = [int(v) for v in plan[:header_size].tolist()]
-    units, ctas = header[0], header[2]
+    words = len(decode_item_fields())
+    names = list(torch.ops._hpc_C.decode_plan_header_fields())
+    header = dict(zip(names, map(int, plan[: len(names)].tolist()), strict=True))
+    assert len(names) <= header_size
+    units, ctas = header["num_units"], header["num_ctas"]
     return DecodePlan(
-        *header,
+        **header,
         unit_granule_offset=plan[o_offset : o_offset + units + 1],
         unit_num_pieces=plan[o_pieces : o_pieces + units],
         unit_first_partial=plan[o_partial : o_partial + units],

@@ -18,7 +18,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from decode_reference import DecodePlan, decode_plan_of, plan_decode_host
+from decode_reference import (
+    DecodePlan,
+    decode_item_fields,
+    decode_plan_of,
+    plan_decode_host,
+)
 from rope_norm_reference import import_hpc_ops
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -207,7 +212,17 @@ def check_plan(
     check_first_items(plan, lens, fixed_split_len, mode, window, query_tokens)
 
 
-IDLE_ITEM = [-1, 0, 0, 0, 0, -1, -1, 0]
+# The descriptor of a CTA slot without work.
+IDLE_ITEM = {
+    "unit": -1,
+    "kv_len": 0,
+    "tile_begin": 0,
+    "tile_end": 0,
+    "pieces": 0,
+    "first_partial": -1,
+    "partial_row": -1,
+    "spare": 0,
+}
 
 
 def check_first_items(
@@ -236,7 +251,10 @@ def check_first_items(
             first_row[unit] = next_row
             next_row += len(ranges[unit])
 
-    items = plan.cta_first_item.tolist()
+    fields = decode_item_fields()
+    items = [
+        dict(zip(fields, row, strict=True)) for row in plan.cta_first_item.tolist()
+    ]
     assert len(items) >= plan.num_ctas
     for c, pieces in enumerate(per_cta):
         assert pieces, f"CTA {c} has no work"
@@ -246,16 +264,18 @@ def check_first_items(
         per = tiles_per_granule(tiles, mode, fixed_split_len)
         tile0 = first_visible(length, query_tokens, window)
         split = unit in first_row
-        expected = [
-            unit,
-            length,
-            tile0 + lo * per,
-            tile0 + min(hi * per, tiles),
-            len(ranges[unit]),
-            first_row[unit] if split else -1,
-            first_row[unit] + ranges[unit].index((lo, hi)) if split else -1,
-            0,
-        ]
+        expected = {
+            "unit": unit,
+            "kv_len": length,
+            "tile_begin": tile0 + lo * per,
+            "tile_end": tile0 + min(hi * per, tiles),
+            "pieces": len(ranges[unit]),
+            "first_partial": first_row[unit] if split else -1,
+            "partial_row": (
+                first_row[unit] + ranges[unit].index((lo, hi)) if split else -1
+            ),
+            "spare": 0,
+        }
         assert items[c] == expected, f"CTA {c}: {items[c]} != {expected}"
     for c in range(plan.num_ctas, len(items)):
         assert items[c] == IDLE_ITEM, f"idle CTA slot {c}: {items[c]}"

@@ -5,12 +5,45 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <string>
 #include <vector>
 
 #include "attention/decode/decode_plan.h"
+#include "common/field_names.h"
 #include "ops.h"
 
 namespace hpc {
+namespace {
+
+// The plan's header and first-item descriptor fields by name, in enum order:
+// plan readers index them by these names.
+constexpr FieldName<decode::PlanHeader> kHeaderNames[] = {
+    {decode::kNumUnits, "num_units"},
+    {decode::kTotalGranules, "total_granules"},
+    {decode::kNumCtas, "num_ctas"},
+    {decode::kNumPartials, "num_partials"},
+    {decode::kSplitTiles, "split_tiles"},
+    {decode::kQueryTokens, "query_tokens"},
+    {decode::kMode, "mode"},
+    {decode::kWindow, "window"},
+};
+static_assert(names_every_field(kHeaderNames, decode::kHeaderSize),
+              "kHeaderNames must name every PlanHeader field, in order");
+
+constexpr FieldName<decode::CtaItemField> kItemNames[] = {
+    {decode::kItemUnit, "unit"},
+    {decode::kItemKvLen, "kv_len"},
+    {decode::kItemTileBegin, "tile_begin"},
+    {decode::kItemTileEnd, "tile_end"},
+    {decode::kItemPieces, "pieces"},
+    {decode::kItemFirstPartial, "first_partial"},
+    {decode::kItemPartialRow, "partial_row"},
+    {decode::kItemSpare, "spare"},
+};
+static_assert(names_every_field(kItemNames, decode::kItemWords),
+              "kItemNames must name every CtaItemField, in order");
+
+}  // namespace
 
 void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
                  int64_t num_kv_heads, int64_t query_tokens, int64_t window,
@@ -69,6 +102,14 @@ std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
       static_cast<decode::SplitMode>(mode), max_batch, num_kv_heads,
       max_kv_tokens, ctas_offered, split_tiles);
   return {sizes.plan_ctas, sizes.max_partials};
+}
+
+std::vector<std::string> decode_plan_header_fields() {
+  return field_names(kHeaderNames);
+}
+
+std::vector<std::string> decode_plan_item_fields() {
+  return field_names(kItemNames);
 }
 
 }  // namespace hpc

@@ -7,13 +7,12 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
-#include <iterator>
 #include <limits>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "attention/prefill/prefill_plan.h"
+#include "common/field_names.h"
 #include "ops.h"
 
 namespace hpc {
@@ -27,7 +26,7 @@ constexpr int64_t kMaxMBlocks = int64_t{1} << 23;
 
 // The header's fields by name, in PlanHeader order: plan readers index the
 // header by these names, so a field added to PlanHeader must be named here.
-constexpr std::pair<prefill::PlanHeader, const char*> kHeaderNames[] = {
+constexpr FieldName<prefill::PlanHeader> kHeaderNames[] = {
     {prefill::kNumTiles, "num_tiles"},
     {prefill::kTileTokens, "tile_tokens"},
     {prefill::kNumKvHeads, "num_kv_heads"},
@@ -37,16 +36,7 @@ constexpr std::pair<prefill::PlanHeader, const char*> kHeaderNames[] = {
     {prefill::kCostShift, "cost_shift"},
 };
 
-constexpr bool names_every_field_in_order() {
-  if (std::size(kHeaderNames) != static_cast<size_t>(prefill::kHeaderFields)) {
-    return false;
-  }
-  for (size_t i = 0; i < std::size(kHeaderNames); ++i) {
-    if (kHeaderNames[i].first != static_cast<int>(i)) return false;
-  }
-  return true;
-}
-static_assert(names_every_field_in_order(),
+static_assert(names_every_field(kHeaderNames, prefill::kHeaderFields),
               "kHeaderNames must name every PlanHeader field, in order");
 
 void check_heads(int64_t num_q_heads, int64_t num_kv_heads) {
@@ -130,9 +120,7 @@ std::vector<int64_t> prefill_plan_layout(int64_t max_tokens, int64_t max_batch,
 }
 
 std::vector<std::string> prefill_plan_header_fields() {
-  std::vector<std::string> names;
-  for (const auto& field : kHeaderNames) names.emplace_back(field.second);
-  return names;
+  return field_names(kHeaderNames);
 }
 
 }  // namespace hpc
