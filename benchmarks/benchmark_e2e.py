@@ -179,17 +179,21 @@ def _reinit_weights(worker: Any, seed: int) -> int:
     return written
 
 
-def _step_until_done(engine: Any, profile_steps: range = range(0)) -> list[float]:
-    """Runs the engine until its requests finish; seconds of each step.
-    Steps whose index is in ``profile_steps`` run under the profiler (and
-    are not timed: the profiler slows them)."""
+def _step_until_done(
+    engine: Any, profile_steps: range = range(0)
+) -> tuple[list[float], list[dict[str, Any]] | None]:
+    """Steps the engine until its requests finish: the seconds of each step,
+    and the costliest kernels per step of the steps whose index is in
+    ``profile_steps`` (those run under the profiler and are not timed: the
+    profiler slows them)."""
     import torch
 
     times: list[float] = []
+    kernels = None
     profiler = None
     step = 0
     while engine.has_unfinished_requests():
-        if step == profile_steps.start and profile_steps:
+        if profile_steps and step == profile_steps.start:
             profiler = torch.profiler.profile(
                 activities=[torch.profiler.ProfilerActivity.CUDA]
             )
@@ -202,13 +206,11 @@ def _step_until_done(engine: Any, profile_steps: range = range(0)) -> list[float
         step += 1
         if profiler is not None and step == profile_steps.stop:
             profiler.stop()
-            _PROFILES.append((profiler, len(profile_steps)))
+            kernels = _kernel_table(profiler, len(profile_steps))
             profiler = None
-    return times
+    return times, kernels
 
 
-# (profiler, steps it covered) of the last profiled run.
-_PROFILES: list[tuple[Any, int]] = []
 PROFILE_KERNELS = 25
 
 
@@ -333,10 +335,10 @@ def run_one(
         engine.add_request(f"decode-{i}", _prompt(rng, n), params)
     # Profiled: a few steps just before the timed ones end, all decodes.
     profiled = range(DECODE_STEPS - 8, DECODE_STEPS - 4) if profile else range(0)
-    steps = _step_until_done(engine, profiled)
+    steps, kernels = _step_until_done(engine, profiled)
     result["decode_step_us"] = statistics.median(steps[-TIMED_DECODE_STEPS:]) * 1e6
-    if _PROFILES:
-        result["decode_kernels"] = _kernel_table(*_PROFILES.pop())
+    if kernels is not None:
+        result["decode_kernels"] = kernels
     result["decode_steps"] = len(steps)
 
     # Prefill: one long prompt, a token out.
@@ -346,7 +348,7 @@ def run_one(
     ttft = []
     for i in range(PREFILL_REPEATS + 1):
         engine.add_request(f"prefill-{i}", _prompt(rng, LONG_PROMPT), params)
-        ttft.append(sum(_step_until_done(engine)))
+        ttft.append(sum(_step_until_done(engine)[0]))
     result["prefill_us"] = statistics.median(ttft[1:]) * 1e6  # the first warms up
     path.write_text(json.dumps(result))
 

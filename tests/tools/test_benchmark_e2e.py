@@ -6,6 +6,7 @@ measure and the records it writes (the runs themselves need an H200)."""
 from __future__ import annotations
 
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,57 @@ def test_records_ratios_and_missing_runs():
     agreement = records[("hy3-bf16-decode", "hpc")]["agreement_triton_attn"]
     assert agreement["same_tokens"] == "1/1"
     assert all(r["workload"] == "E2E" for r in records.values())
+
+
+class _FakeEngine:
+    def __init__(self, steps: int) -> None:
+        self.left = steps
+        self.stepped = 0
+
+    def has_unfinished_requests(self) -> bool:
+        return self.left > 0
+
+    def step(self) -> None:
+        self.left -= 1
+        self.stepped += 1
+
+
+class _FakeProfiler:
+    """Stands in for torch.profiler.profile (CUDA activity needs a GPU)."""
+
+    def __init__(self, **kwargs) -> None:
+        self.running = False
+
+    def start(self) -> None:
+        self.running = True
+
+    def stop(self) -> None:
+        self.running = False
+
+    def key_averages(self):
+        event = types.SimpleNamespace
+        return [
+            event(key="decode_kernel", self_device_time_total=300.0, count=4),
+            event(key="gemm", self_device_time_total=900.0, count=8),
+            event(key="host_only", self_device_time_total=0.0, count=2),
+        ]
+
+
+def test_profiled_steps_are_not_timed(monkeypatch: pytest.MonkeyPatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.profiler, "profile", _FakeProfiler)
+    engine = _FakeEngine(6)
+    times, kernels = e2e._step_until_done(engine)
+    assert engine.stepped == 6 and len(times) == 6 and kernels is None
+
+    engine = _FakeEngine(6)
+    times, kernels = e2e._step_until_done(engine, range(2, 4))
+    assert engine.stepped == 6
+    assert len(times) == 4  # steps 2 and 3 ran under the profiler
+    # Per step over the two profiled steps, costliest first, device work only.
+    assert kernels == [
+        {"kernel": "gemm", "us_per_step": 450.0, "calls_per_step": 4.0},
+        {"kernel": "decode_kernel", "us_per_step": 150.0, "calls_per_step": 2.0},
+    ]
