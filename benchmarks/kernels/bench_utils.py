@@ -167,7 +167,6 @@ def measure_matmul_tflops(
     ``torch._scaled_mm`` on E4M3 operands (per-tensor scales, bf16 output,
     fast accumulation). Returns the rates (None where one could not be
     measured) and a note per rate saying how it was measured or why not."""
-    pool = torch.cuda.graph_pool_handle()
     gen = torch.Generator(device="cuda").manual_seed(0)
     opts: dict[str, Any] = {"device": "cuda", "dtype": torch.bfloat16}
     a = torch.randn(n, n, generator=gen, **opts)
@@ -175,7 +174,12 @@ def measure_matmul_tflops(
     c = torch.empty(n, n, **opts)
     rates: dict[str, float | None] = {}
     notes: dict[str, str] = {}
-    rates["bf16"] = _graph_tflops(lambda _: torch.matmul(a, b, out=c), n, iters, pool)
+    # One graph pool per rate: a pool whose graphs were freed cannot take a
+    # new capture. Outputs are preallocated, so nothing is allocated under
+    # capture.
+    rates["bf16"] = _graph_tflops(
+        lambda _: torch.matmul(a, b, out=c), n, iters, torch.cuda.graph_pool_handle()
+    )
     notes["bf16"] = f"torch.matmul bf16 {n}x{n}x{n}"
     try:
         a8 = a.to(FP8)
@@ -190,9 +194,10 @@ def measure_matmul_tflops(
                 scale_b=one,
                 out_dtype=torch.bfloat16,
                 use_fast_accum=True,
+                out=c,
             )
 
-        rates["fp8"] = _graph_tflops(fp8_mm, n, iters, pool)
+        rates["fp8"] = _graph_tflops(fp8_mm, n, iters, torch.cuda.graph_pool_handle())
         notes["fp8"] = (
             f"torch._scaled_mm e4m3 {n}x{n}x{n}, per-tensor scales, "
             "bf16 out, fast accumulation"

@@ -85,6 +85,30 @@ CASES: list[dict[str, object]] = [
         out_dtype=torch.float16,
         layout=CacheLayout.STACKED,
     ),
+    # FP8 cache with bf16 queries off the FP8 grid (quantized per row in the
+    # kernel), D=128, GQA 8, HPC layout: V^T from the raw ring, partial last
+    # key tiles.
+    _case(
+        "fp8-kv-bf16-q-d128-gqa8-bs64",
+        [(1, 200), (130, 130), (64, 1000)],
+        (16, 2),
+        128,
+        64,
+        kv_dtype=FP8_DTYPE,
+        layout=CacheLayout.HPC,
+        q_on_fp8_grid=False,
+    ),
+    # FP8 cache with fp16 queries, D=64 (64-byte rows), GQA 4, soft-cap.
+    _case(
+        "fp8-kv-fp16-q-d64-gqa4-bs16-softcap",
+        [(33, 33), (200, 500)],
+        (8, 2),
+        64,
+        16,
+        kv_dtype=FP8_DTYPE,
+        q_dtype=torch.float16,
+        softcap=30.0,
+    ),
 ]
 
 

@@ -7,15 +7,17 @@ Each case draws fresh random inputs from a generator seeded by the case
 spare blocks and the slots past each request's KV length with NaN,
 NaN-poisons ``out``, runs the GPU planner and ``prefill_attention`` and
 checks (``prefill_reference.check_prefill``): relative error <= 1e-2
-(bf16/fp16) or 3e-2 (FP8) over the whole output and over each request, a
-bound on the largest absolute error, and no NaN or Inf. Requests are
+(16-bit caches) or 5e-2 (FP8 caches, whose probabilities are rounded to
+E4M3) over the whole output and over each request, a bound on the largest
+absolute error, and no NaN or Inf. Requests are
 ``(q_len, kv_len)`` pairs; the first ``kv_len - q_len`` keys are cached
 context.
 
 The axes are combined in small grids rather than a full product: query
 lengths around the tiles x context offsets 0, 1 and 2048; 2048-token chunks
 of a 32K context; head sizes x GQA ratios x block sizes x cache layouts;
-FP8 caches with bf16, fp16 and FP8 queries; sliding windows, soft-cap and
+FP8 caches with bf16, fp16 and FP8 queries (16-bit ones also off the FP8
+grid, quantized by the kernel); sliding windows, soft-cap and
 scales; mixed batches of short and long requests; outputs of the other
 16-bit dtype; workspaces larger than the batch. Plus: the checked and
 unchecked forms write the same bits, and CUDA-graph capture of plan and
@@ -120,6 +122,8 @@ class Case:
     # Workspace sized for more tokens / requests than the call uses.
     spare_tokens: int = 0
     spare_batch: int = 0
+    # 16-bit queries over an FP8 cache on the FP8 grid (prefill_reference).
+    q_on_fp8_grid: bool = True
 
     @property
     def id(self) -> str:
@@ -134,6 +138,8 @@ class Case:
         ]
         if self.spare_tokens or self.spare_batch:
             parts.append(f"spare{self.spare_tokens}x{self.spare_batch}")
+        if not self.q_on_fp8_grid:
+            parts.append("q-offgrid")
         return "-".join(parts)
 
     @property
@@ -143,6 +149,7 @@ class Case:
 
     def build(self, seed: int | None = None, **overrides: object) -> PrefillInputs:
         kwargs = build_kwargs(self, self.seed if seed is None else seed)
+        kwargs["q_on_fp8_grid"] = self.q_on_fp8_grid
         kwargs.update(overrides)
         lens = kwargs.pop("lens", self.lens)
         return make_prefill_inputs(lens, **kwargs)  # type: ignore[arg-type]
@@ -250,6 +257,30 @@ def _fp8_cases() -> list[Case]:
     return cases
 
 
+def _quantized_query_cases() -> list[Case]:
+    """16-bit queries over an FP8 cache off the FP8 grid: the kernel's own
+    per-(token, head) rounding of Q to E4M3 is part of the error, against
+    the reference on the 16-bit queries; every head size."""
+    return [
+        Case(
+            lens=lens,
+            heads=heads,
+            head_size=head_size,
+            block_size=block_size,
+            kv_dtype=FP8_DTYPE,
+            q_dtype=q_dtype,
+            softcap=softcap,
+            q_on_fp8_grid=False,
+        )
+        for lens, heads, head_size, block_size, q_dtype, softcap in (
+            (SMALL, (16, 2), 64, 16, BF16, 0.0),
+            (RANDOM_9, (64, 8), 128, 64, BF16, 0.0),
+            (MIXED, (8, 1), 128, 32, FP16, 30.0),
+            (SMALL, (20, 4), 256, 64, FP16, 0.0),
+        )
+    ]
+
+
 _FEATURE_LENS = _with_context((1, 64, 200, 1000, 65), (1499, 0, 2048, 0, 2935))
 
 
@@ -349,6 +380,11 @@ def test_fp8(case: Case) -> None:
     _run_and_check(case)
 
 
+@pytest.mark.parametrize("case", params(_quantized_query_cases()))
+def test_fp8_quantized_queries(case: Case) -> None:
+    _run_and_check(case)
+
+
 @pytest.mark.parametrize("case", params(_feature_cases()))
 def test_window_softcap_scale(case: Case) -> None:
     _run_and_check(case)
@@ -404,6 +440,7 @@ def test_case_ids_are_unique() -> None:
         + _CHUNK_CASES
         + _shape_cases()
         + _fp8_cases()
+        + _quantized_query_cases()
         + _feature_cases()
         + _MIXED_CASES
         + _OUT_DTYPE_CASES

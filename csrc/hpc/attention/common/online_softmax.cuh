@@ -48,6 +48,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// kProbLog2Scale: probabilities come out scaled by 2^kProbLog2Scale (the
+// row maximum's is 2^kProbLog2Scale instead of 1), for a caller that rounds
+// them to a narrow type; the row sums carry the same factor, so O / l is
+// unchanged.
+template <int kProbLog2Scale = 0>
 struct OnlineSoftmax {
   float m[2];  // running row maxima (log2 domain)
   float l[2];  // this thread's share of the running row sums
@@ -79,6 +84,7 @@ struct OnlineSoftmax {
       alpha[h] = fast_exp2(m[h] - ref[h]);
       m[h] = m_new;
       l[h] *= alpha[h];
+      ref[h] -= static_cast<float>(kProbLog2Scale);
     }
 #pragma unroll
     for (int i = 0; i < int(cute::size(x)); ++i) {
@@ -95,7 +101,9 @@ struct OnlineSoftmax {
     for (int h = 0; h < 2; ++h) {
       const float sum = quad_sum(l[h]);
       inv_sum[h] = sum > 0.f ? 1.f / sum : 0.f;
-      lse[h] = sum > 0.f ? m[h] + log2f(sum) : -INFINITY;
+      lse[h] = sum > 0.f ? m[h] + log2f(sum) -
+                               static_cast<float>(kProbLog2Scale)
+                         : -INFINITY;
     }
   }
 };

@@ -13,26 +13,32 @@ namespace prefill {
 
 namespace {
 
-// Q as (channel, query head, token): one box is 64 channels of the group's
-// query heads for tile_tokens tokens, landing as the tile's rows in (token,
-// head) order with the 128-byte swizzle.
+// Q as (channel, query head, token): one box is one chunk of channels (at
+// most 128 bytes) of the group's query heads for tile_tokens tokens,
+// landing as the tile's rows in (token, head) order with the chunk's
+// swizzle.
 CUtensorMap query_map(const void* q, ElemType type, int64_t token_stride,
                       int64_t head_stride, int num_tokens, int num_q_heads,
                       int head_dim, int group, int tile_tokens) {
+  const int elem_bytes = type == ElemType::kFp8E4m3 ? 1 : 2;
+  const int row_bytes = attention::paged_chunk_row_bytes(head_dim, type);
   const uint64_t dims[4] = {static_cast<uint64_t>(head_dim),
                             static_cast<uint64_t>(num_q_heads),
                             static_cast<uint64_t>(num_tokens), 1};
   const uint64_t strides[3] = {
-      static_cast<uint64_t>(head_stride) * 2,
-      static_cast<uint64_t>(token_stride) * 2,
-      static_cast<uint64_t>(token_stride) * 2 * num_tokens};
-  const uint32_t box[4] = {64, static_cast<uint32_t>(group),
+      static_cast<uint64_t>(head_stride) * elem_bytes,
+      static_cast<uint64_t>(token_stride) * elem_bytes,
+      static_cast<uint64_t>(token_stride) * elem_bytes * num_tokens};
+  const uint32_t box[4] = {static_cast<uint32_t>(row_bytes / elem_bytes),
+                           static_cast<uint32_t>(group),
                            static_cast<uint32_t>(tile_tokens), 1};
-  return make_tensor_map_4d(q,
-                            type == ElemType::kBf16
-                                ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                            dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMapDataType dtype =
+      type == ElemType::kFp8E4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+      : type == ElemType::kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return make_tensor_map_4d(q, dtype, dims, strides, box,
+                            row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                             : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 }  // namespace
@@ -42,19 +48,14 @@ void prefill_attention(const PrefillParams& params, const void* q,
                        int num_q_heads, int head_dim, ElemType kv_type,
                        const PagedCacheView& k_cache,
                        const PagedCacheView& v_cache, cudaStream_t stream) {
-  PrefillSources src{};
-  src.q = q;
-  src.q_token_stride = q_token_stride;
-  src.q_head_stride = q_head_stride;
-  if (kv_type != ElemType::kFp8E4m3) {
-    if (params.q_type != kv_type) {
-      throw std::invalid_argument(
-          "prefill_attention: queries must have the 16-bit cache's dtype");
-    }
-    src.q_map = query_map(q, params.q_type, q_token_stride, q_head_stride,
-                          params.num_tokens, num_q_heads, head_dim,
-                          params.group, params.tile_tokens);
+  if (kv_type != ElemType::kFp8E4m3 && params.q_type != kv_type) {
+    throw std::invalid_argument(
+        "prefill_attention: queries must have the 16-bit cache's dtype");
   }
+  PrefillSources src{};
+  src.q_map = query_map(q, params.q_type, q_token_stride, q_head_stride,
+                        params.num_tokens, num_q_heads, head_dim, params.group,
+                        params.tile_tokens);
   src.k_map = attention::paged_cache_map(
       k_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
   src.v_map = attention::paged_cache_map(

@@ -1,24 +1,32 @@
 // Compile-time configuration of the paged prefill kernel for one head size
-// and MMA element type: tile shape, stage count, shared-memory layouts and
+// and MMA element type: tile shape, stage counts, shared-memory layouts and
 // the wgmma tilings.
 //
 // A CTA computes a 128-row query tile (prefill_plan.h) against key tiles of
 // kBlockN keys. Consumer warpgroup w owns rows [64w, 64w + 64):
 //   S = Q K^T   wgmma, both operands in shared memory (K-major)
 //   O += P V    wgmma, P from registers (the S accumulator converted in
-//               place: the m64nN accumulator and the m64nDk16 A fragment
-//               hold the same elements in the same register order), V as
-//               an MN-major operand of the same shared memory tile that the
-//               paged TMA copies write.
-// Q, K and V tiles are [head-dim chunk of 64][row][64] elements with the
-// 128-byte swizzle, which is both the layout the copies produce and the
-// layout wgmma reads (K-major for Q and K; MN-major for V, where the chunk
-// of 64 channels is the atom's contiguous MN extent and the keys its K).
+//               place), V from shared memory.
+// 16-bit caches (Element bf16 or fp16): the m64nN accumulator and the
+// m64nDk16 A fragment hold the same elements in the same register order,
+// and V is read as an MN-major operand of the tile the paged TMA copies
+// write ([head-dim chunk of 64][key][64] with the 128-byte swizzle, which is
+// both the copies' layout and wgmma's).
+// FP8 caches (Element E4M3, attention/common/fp8_operands.cuh): both
+// products run on FP8 tensor cores, which take K-major operands only. Q is
+// E4M3 (the queries' own, or 16-bit queries quantized per row in the
+// kernel), K comes straight from the copies, P is rounded to E4M3 in
+// registers, and producer warps write V^T into a ring of its own from a
+// ring of raw V tiles.
 #pragma once
+
+#include <type_traits>
 
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
+#include "attention/common/online_softmax.cuh"
+#include "attention/prefill/prefill_pipeline.cuh"
 #include "attention/prefill/prefill_plan.h"
 
 namespace hpc {
@@ -27,77 +35,112 @@ namespace prefill {
 constexpr int kProducerThreads = 128;  // one warpgroup
 constexpr int kConsumerThreads = 256;  // two warpgroups
 constexpr int kPrefillThreads = kProducerThreads + kConsumerThreads;
+// FP8 caches: producer warps 1..3 transpose V (and quantize 16-bit Q);
+// warp 0 issues the copies.
+constexpr int kTransposeWarps = kProducerThreads / 32 - 1;
 // Shared memory a CTA may use on one SM (every Hopper part).
 constexpr int kSmemPerSm = 227 * 1024;
+// Registers a CTA holds at launch (the kernel's cap for 384 threads, one
+// CTA per SM) and hands between its warpgroups.
+constexpr int kCtaRegisters = 168 * kPrefillThreads;
 
-// Element: cute::bfloat16_t or cute::half_t, the MMA operand type.
-// kWidenKv: the cache holds FP8: TMA copies it into a raw ring and the
-// producer warpgroup widens it to Element into the stages (and writes Q).
-template <int kHeadDimValue, class ElementType, bool kWidenKvValue>
+// The K-major shared-memory atom of rows of kRowBytes bytes (the swizzle of
+// the copies that fill it).
+template <class Element, int kRowBytes>
+using KMajorAtom = std::conditional_t<
+    kRowBytes == 128, cute::GMMA::Layout_K_SW128_Atom<Element>,
+    std::conditional_t<kRowBytes == 64, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                       cute::GMMA::Layout_K_SW32_Atom<Element>>>;
+
+// The PV operand over the V stages, (channel, key, stage). 16-bit: the same
+// bytes as the K layout's (key, channel, stage), MN-major (keys tile first,
+// then channel chunks, then stages). FP8: V^T, channel rows of kBlockN
+// keys, K-major.
+template <class Element, int kHeadDim, int kBlockN, int kStages>
+constexpr auto pv_operand_layout() {
+  using Shape = cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>,
+                            cute::Int<kStages>>;
+  if constexpr (std::is_same_v<Element, cute::float_e4m3_t>) {
+    return cute::tile_to_shape(KMajorAtom<Element, kBlockN>{}, Shape{});
+  } else {
+    return cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                               Shape{},
+                               cute::Step<cute::_2, cute::_1, cute::_3>{});
+  }
+}
+
+// Element: cute::bfloat16_t, cute::half_t or cute::float_e4m3_t, the cache
+// and MMA operand type.
+template <int kHeadDimValue, class ElementType>
 struct PrefillConfig {
   using Element = ElementType;
   static constexpr int kHeadDim = kHeadDimValue;
-  static constexpr bool kWidenKv = kWidenKvValue;
+  static constexpr bool kFp8 = std::is_same_v<Element, cute::float_e4m3_t>;
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;
   static constexpr int kBlockM = kTileRows;
   // Keys per stage: the S accumulator (kBlockN / 2 registers) and O
   // (kHeadDim / 2) share a consumer thread's registers.
   static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-  static constexpr int kChunkElems = 64;  // 128 bytes
+  // Q and K rows: chunks of at most 128 bytes (the widest swizzle).
+  static constexpr int kRowBytes =
+      kHeadDim * kElemBytes < 128 ? kHeadDim * kElemBytes : 128;
+  static constexpr int kChunkElems = kRowBytes / kElemBytes;
   static constexpr int kChunks = kHeadDim / kChunkElems;
-  static constexpr int kRowBytes = kChunkElems * 2;
-  static_assert(kHeadDim % kChunkElems == 0, "head size: a multiple of 64");
+  static_assert(kHeadDim % 64 == 0, "head size: a multiple of 64");
 
-  static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kStageBytes = kBlockN * kHeadDim * 2;  // K or V
-  // FP8 caches: the copies land in a ring of raw (FP8) key tiles, K then V,
-  // each [chunk][key][kRawRowBytes] with the copies' swizzle, which the
-  // producer warps widen into the stages.
-  static constexpr int kRawRowBytes = kHeadDim < 128 ? kHeadDim : 128;
-  static constexpr int kRawChunks = kHeadDim / kRawRowBytes;
-  static constexpr int kRawTileBytes = kBlockN * kHeadDim;  // K or V
-  static constexpr int kRawSlotBytes = 2 * kRawTileBytes;
-  static constexpr int kFreeBytes = kSmemPerSm - 2048 - kQBytes;
-  static constexpr int kStagesFit =
-      (kFreeBytes - (kWidenKv ? kRawSlotBytes : 0)) / (2 * kStageBytes);
-  static constexpr int kStages =
-      kWidenKv ? 2 : (kStagesFit < 4 ? kStagesFit : 4);
+  static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
+  static constexpr int kStageBytes = kBlockN * kHeadDim * kElemBytes;
+  // FP8 only: 16-bit queries land in a staging tile ([chunk of 64][row]
+  // [128 bytes]) and are quantized into the Q tile with one scale per row;
+  // V lands in a ring of raw tiles ([chunk][key][kRowBytes]) that producer
+  // warps transpose into the V stages.
+  static constexpr int kQStagingBytes = kFp8 ? kBlockM * kHeadDim * 2 : 0;
+  static constexpr int kQScaleBytes = kFp8 ? kBlockM * 4 : 0;
+  static constexpr int kRawSlots = kFp8 ? 2 : 0;
+  static constexpr int kRawSlotBytes = kFp8 ? kStageBytes : 0;
+  static constexpr int kFreeBytes = kSmemPerSm - 2048 - kQBytes -
+                                    kQStagingBytes - kQScaleBytes -
+                                    kRawSlots * kRawSlotBytes;
+  static constexpr int kStagesFit = kFreeBytes / (2 * kStageBytes);
+  static constexpr int kStages = kStagesFit < 4 ? kStagesFit : 4;
   static_assert(kStagesFit >= 2, "a ring of at least two stages");
-  static constexpr int kRawFit =
-      (kFreeBytes - 2 * kStages * kStageBytes) / kRawSlotBytes;
-  static constexpr int kRawSlots = !kWidenKv ? 0 : (kRawFit < 4 ? kRawFit : 4);
-  static constexpr int kKOffset = kQBytes;
+  static constexpr int kQStagingOffset = kQBytes;
+  static constexpr int kKOffset = kQStagingOffset + kQStagingBytes;
   static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
   static constexpr int kRawOffset = kVOffset + kStages * kStageBytes;
-  static constexpr int kTileBytes = kRawOffset + kRawSlots * kRawSlotBytes;
-  // The tiles, 1024-byte aligned for the swizzle, and the barriers.
+  static constexpr int kQScaleOffset = kRawOffset + kRawSlots * kRawSlotBytes;
+  static constexpr int kTileBytes = kQScaleOffset + kQScaleBytes;
+  // The tiles, 1024-byte aligned for the swizzle.
   static constexpr int kSmemBytes = kTileBytes + 1024;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory");
+
+  using Barriers = PipelineBarriers<kStages, kRawSlots>;
 
   // Consumer warpgroups issue their wgmma in turns (prefill_mainloop.cuh)
   // where a warpgroup's softmax is long beside its matrix products.
   static constexpr bool kTakeTurns = kHeadDim <= 128;
 
-  // Register budgets after reallocation (sum <= 64K registers).
-  static constexpr int kProducerRegs = kWidenKv ? 64 : 40;
-  static constexpr int kConsumerRegs = kWidenKv ? 216 : 232;
+  // Register budgets after reallocation.
+  static constexpr int kProducerRegs = kFp8 ? 56 : 40;
+  static constexpr int kConsumerRegs = kFp8 ? 224 : 232;
   static_assert(kProducerThreads * kProducerRegs +
                     kConsumerThreads * kConsumerRegs <=
-                65536);
+                kCtaRegisters);
+
+  // FP8: probabilities are scaled by 2^8 before rounding to E4M3 (at most
+  // 256 of E4M3's 448), so small ones keep their mantissa bits; O / l
+  // cancels the factor.
+  using Softmax = attention::OnlineSoftmax<kFp8 ? 8 : 0>;
 
   using SmemLayoutQ = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      KMajorAtom<Element, kRowBytes>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      KMajorAtom<Element, kRowBytes>{},
       cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>,
                   cute::Int<kStages>>{}));
-  // (channel, key, stage) over the same bytes as SmemLayoutK's (key,
-  // channel, stage): keys tile first, then channel chunks, then stages.
-  using SmemLayoutVt = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>,
-                  cute::Int<kStages>>{},
-      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using SmemLayoutVt =
+      decltype(pv_operand_layout<Element, kHeadDim, kBlockN, kStages>());
 
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<
@@ -108,7 +151,8 @@ struct PrefillConfig {
       cute::GMMA::rs_op_selector<
           Element, Element, float,
           cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+          cute::GMMA::Major::K,
+          kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN>(),
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
 };
 

@@ -20,7 +20,7 @@ namespace prefill {
 
 template <class Config, class FragO>
 __device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
-                           FragO& acc_o, attention::OnlineSoftmax& softmax) {
+                           FragO& acc_o, typename Config::Softmax& softmax) {
   using namespace cute;
   float inv_sum[2], lse[2];
   softmax.finish(inv_sum, lse);

@@ -3,8 +3,10 @@
 // (prefill_epilogue.cuh) and the tile scheduler (prefill_tile_scheduler.cuh).
 //
 // Persistent CTAs of three warpgroups: the producer warpgroup gives up
-// registers and fills the pipeline; the two consumer warpgroups take them
-// and compute 64 rows each of every 128-row query tile.
+// registers and fills the pipeline (warp 0 copies; for FP8 caches warps
+// 1..3 transpose V and quantize 16-bit queries); the two consumer
+// warpgroups take the registers and compute 64 rows each of every 128-row
+// query tile.
 #pragma once
 
 #include <cuda.h>
@@ -37,14 +39,16 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(prefill_smem_raw) + 1023) &
       ~uintptr_t(1023));
-  __shared__ PipelineBarriers<Config::kStages, Config::kRawSlots> bar;
+  __shared__ typename Config::Barriers bar;
 
   const bool producer = threadIdx.x < kProducerThreads;
   if (threadIdx.x == 0) {
-    if constexpr (!Config::kWidenKv) prefetch_tma_descriptor(&src.q_map);
+    prefetch_tma_descriptor(&src.q_map);
     prefetch_tma_descriptor(&src.k_map);
     prefetch_tma_descriptor(&src.v_map);
-    bar.init(Config::kWidenKv ? kWideningWarps : 1);
+    const bool quantize_q = Config::kFp8 && p.q_type != ElemType::kFp8E4m3;
+    bar.init(quantize_q ? kTransposeWarps : 1,
+             Config::kFp8 ? kTransposeWarps : 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -58,15 +62,10 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
-    if constexpr (Config::kWidenKv) {
-      if (threadIdx.x < 32) {
-        load_raw_tiles<Config>(p, &src.k_map, &src.v_map, smem, bar);
-      } else {
-        widen_tiles<Config>(p, src.q, src.q_token_stride, src.q_head_stride,
-                            smem, bar);
-      }
-    } else if (threadIdx.x < 32) {
-      load_tiles_tma<Config>(p, &src.q_map, &src.k_map, &src.v_map, smem, bar);
+    if (threadIdx.x < 32) {
+      load_tiles<Config>(p, src, smem, bar);
+    } else if constexpr (Config::kFp8) {
+      transpose_tiles<Config>(p, smem, bar);
     }
     return;
   }
@@ -86,11 +85,11 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   TileWork w;
   RingState<Config::kStages> ring;
   uint32_t q_phase = 0;
-  attention::OnlineSoftmax softmax;
+  typename Config::Softmax softmax;
   const WarpgroupTurns<Config::kTakeTurns> turns{tid / 128};
   turns.start();
   while (scheduler.next(w)) {
-    const RowInfo info = row_info(p, w, rows);
+    RowInfo info = row_info(p, w, rows);
     if (w.empty()) {
       clear(acc_o);
       softmax.reset();

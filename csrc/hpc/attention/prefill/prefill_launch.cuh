@@ -24,21 +24,20 @@ void launch_config(const PrefillParams& params, const PrefillSources& src,
                   stream, params, src);
 }
 
-// 16-bit caches run the MMA in the cache's type; FP8 caches are widened to
-// fp16 (exact) in shared memory.
+// The MMAs run in the cache's type: bf16, fp16 or E4M3.
 template <int kHeadDim>
 void launch_prefill_kernel(const PrefillParams& params,
                            const PrefillSources& src, ElemType kv_type,
                            int grid, cudaStream_t stream) {
   switch (kv_type) {
     case ElemType::kBf16:
-      return launch_config<PrefillConfig<kHeadDim, cute::bfloat16_t, false>>(
+      return launch_config<PrefillConfig<kHeadDim, cute::bfloat16_t>>(
           params, src, grid, stream);
     case ElemType::kFp16:
-      return launch_config<PrefillConfig<kHeadDim, cute::half_t, false>>(
+      return launch_config<PrefillConfig<kHeadDim, cute::half_t>>(
           params, src, grid, stream);
     case ElemType::kFp8E4m3:
-      return launch_config<PrefillConfig<kHeadDim, cute::half_t, true>>(
+      return launch_config<PrefillConfig<kHeadDim, cute::float_e4m3_t>>(
           params, src, grid, stream);
   }
 }

@@ -9,6 +9,8 @@
 //   wait O; release V[n + 1]; O *= alpha; P -> MMA type
 // Only key tiles that are not interior to the query tile's visible range
 // (mask.h: the diagonal, the sequence's end, a window's start) are masked.
+// FP8 caches: P is rounded to E4M3 (fp8_operands.cuh) and queries
+// quantized in the kernel bring their row scales from shared memory.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,6 +22,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cute/tensor.hpp>
 
+#include "attention/common/fp8_operands.cuh"
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
 #include "attention/common/online_softmax.cuh"
@@ -63,12 +66,23 @@ __device__ __forceinline__ void wgmma_batch(Mma& mma, const TA& a, const TB& b,
 
 // Per-row constants of a consumer thread's two rows in the current tile.
 struct RowInfo {
-  bool live[2];    // a real (token, head) of the request
-  int token[2];    // token index within the batch
-  int head[2];     // query head
-  int pos[2];      // query position (-1 for rows that are not live)
-  float qk[2];     // factor of q.k before the soft-cap's tanh (softcap only)
-  float scale[2];  // the softmax's logit scale, log2 domain (> 0)
+  bool live[2];      // a real (token, head) of the request
+  int tile_row[2];   // row of the 128-row tile
+  int token[2];      // token index within the batch
+  int head[2];       // query head
+  int pos[2];        // query position (-1 for rows that are not live)
+  float logit[2];    // factor of q.k: scale and the K and query scales
+  float qk[2];       // factor of q.k before the soft-cap's tanh (softcap only)
+  float scale[2];    // the softmax's logit scale, log2 domain (> 0)
+
+  // Sets row half h's factor of q.k and the scales derived from it.
+  __device__ void set_logit(const PrefillParams& p, int h, float s) {
+    logit[h] = s;
+    // A zero scale (an all-zero query row) would turn -inf into NaN.
+    s = fmaxf(s, 1e-30f);
+    qk[h] = p.softcap > 0.f ? s / p.softcap : s;
+    scale[h] = (p.softcap > 0.f ? p.softcap : s) * attention::kLog2e;
+  }
 };
 
 __device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
@@ -80,6 +94,7 @@ __device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
   for (int h = 0; h < 2; ++h) {
     const int t = rows[h] / p.group;
     r.live[h] = rows[h] < p.group * p.tile_tokens && t < w.tokens;
+    r.tile_row[h] = rows[h];
     r.token[h] = w.q_begin + w.token0 + t;
     r.head[h] = w.kv_head * p.group + rows[h] % p.group;
     r.pos[h] = r.live[h] ? w.position(t) : -1;
@@ -88,10 +103,7 @@ __device__ __forceinline__ RowInfo row_info(const PrefillParams& p,
       s *= p.q_scale[static_cast<int64_t>(r.token[h]) * p.q_scale_token_stride +
                      r.head[h]];
     }
-    // A zero scale (an all-zero FP8 query row) would turn -inf into NaN.
-    s = fmaxf(s, 1e-30f);
-    r.qk[h] = p.softcap > 0.f ? s / p.softcap : s;
-    r.scale[h] = (p.softcap > 0.f ? p.softcap : s) * attention::kLog2e;
+    r.set_logit(p, h, s);
   }
   return r;
 }
@@ -170,13 +182,15 @@ struct WarpgroupTurns {
 // Runs one query tile; leaves O (unnormalised) in `acc_o` and the row
 // statistics in `softmax`. `ring` and `q_phase` carry the pipeline's
 // position from tile to tile.
+// Queries quantized in the kernel (FP8 caches, 16-bit queries) fold their
+// row scales into `rows` once the Q tile has landed.
 template <class Config, class FragO>
-__device__ void mma_tile(
-    const PrefillParams& p, const TileWork& w, const RowInfo& rows,
-    uint8_t* smem, PipelineBarriers<Config::kStages, Config::kRawSlots>& bar,
-    RingState<Config::kStages>& ring, uint32_t& q_phase,
-    const WarpgroupTurns<Config::kTakeTurns>& turns, FragO& acc_o,
-    attention::OnlineSoftmax& softmax) {
+__device__ void mma_tile(const PrefillParams& p, const TileWork& w,
+                         RowInfo& rows, uint8_t* smem,
+                         typename Config::Barriers& bar,
+                         RingState<Config::kStages>& ring, uint32_t& q_phase,
+                         const WarpgroupTurns<Config::kTakeTurns>& turns,
+                         FragO& acc_o, typename Config::Softmax& softmax) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
@@ -212,12 +226,17 @@ __device__ void mma_tile(
     }
     softmax.update(acc_s, rows.scale, alpha);
   };
-  // Two probabilities per packed conversion.
+  // P in the MMA type: two probabilities per packed conversion (16-bit),
+  // four per register (E4M3, in the order of V^T's keys).
   auto convert_p = [&] {
     Tensor p2 = recast<uint32_t>(frag_p);
+    if constexpr (Config::kFp8) {
+      attention::probabilities_to_e4m3(acc_s, p2);
+    } else {
 #pragma unroll
-    for (int i = 0; i < size(p2); ++i) {
-      p2(i) = pack2<Element>(acc_s(2 * i), acc_s(2 * i + 1));
+      for (int i = 0; i < size(p2); ++i) {
+        p2(i) = pack2<Element>(acc_s(2 * i), acc_s(2 * i + 1));
+      }
     }
   };
   // O += P V over stage s; the first product of the tile initialises O.
@@ -231,6 +250,14 @@ __device__ void mma_tile(
   softmax.reset();
   FullBarrier::wait(&bar.q_full, q_phase);
   q_phase ^= 1;
+  if (Config::kFp8 && p.q_type != ElemType::kFp8E4m3) {
+    const float* q_scale =
+        reinterpret_cast<const float*>(smem + Config::kQScaleOffset);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      rows.set_logit(p, h, rows.logit[h] * q_scale[rows.tile_row[h]]);
+    }
+  }
 
   // First key tile (the last one of the range).
   int n = w.keys.tile_end - 1;
@@ -246,8 +273,9 @@ __device__ void mma_tile(
     float alpha[2];
     softmax_step(n, alpha);
     convert_p();
-    if constexpr (!Config::kWidenKv) {
-      // The sequence's last key tile (read first) may hold stale slots.
+    if constexpr (!Config::kFp8) {
+      // The sequence's last key tile (read first) may hold stale slots
+      // (FP8: zeroed by the transposition).
       const int valid = w.kv_len - n * kBlockN;
       if (valid < kBlockN) {
         FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);

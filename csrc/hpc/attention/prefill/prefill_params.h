@@ -16,7 +16,8 @@ using hpc::ElemType;
 
 struct PrefillParams {
   // Queries [tokens, num_q_heads, head_size], read through a tensor map;
-  // FP8 queries carry scales [tokens, num_q_heads].
+  // FP8 queries carry scales [tokens, num_q_heads]. 16-bit queries over an
+  // FP8 cache are quantized per (token, head) in the kernel.
   ElemType q_type;
   const float* q_scale;
   int64_t q_scale_token_stride;
@@ -49,16 +50,12 @@ struct PrefillParams {
   int window;     // 0: none
 };
 
-// What the producer reads: the tensor maps of the paged cache (and of Q for
-// 16-bit caches, whose queries TMA copies), and the queries themselves for
-// FP8 caches, whose producer warps widen them.
+// What the producer copies: the tensor maps of the queries and of the
+// paged cache.
 struct PrefillSources {
   CUtensorMap q_map;
   CUtensorMap k_map;
   CUtensorMap v_map;
-  const void* q;
-  int64_t q_token_stride;
-  int64_t q_head_stride;
 };
 
 }  // namespace prefill

@@ -1,9 +1,11 @@
 // The shared-memory pipeline of the paged prefill kernel: a Q buffer and
 // two rings of kStages stages, K and V, each stage guarded by a full
-// barrier (the producer's copies landed) and an empty barrier (every
-// consumer warp is done reading it). K and V advance together, but a V
-// stage is released one step after the K stage of the same index, since
-// O += P V runs beside the next S = Q K^T.
+// barrier (its contents landed) and an empty barrier (every consumer warp
+// is done reading it). K and V advance together, but a V stage is released
+// one step after the K stage of the same index, since O += P V runs beside
+// the next S = Q K^T. FP8 caches add a staging tile for 16-bit queries and
+// a ring of kRawSlots raw V tiles ahead of the V stages, which producer
+// warps fill with V^T (prefill_load.cuh).
 #pragma once
 
 #include <cstdint>
@@ -26,25 +28,27 @@ struct PipelineBarriers {
   uint64_t k_empty[kStages];
   uint64_t v_full[kStages];
   uint64_t v_empty[kStages];
-  // FP8 caches: the raw key tiles (prefill_load.cuh).
+  // FP8 caches: the 16-bit queries' staging tile and the raw V tiles.
+  uint64_t q_staged;
   uint64_t raw_full[kRawSlots > 0 ? kRawSlots : 1];
   uint64_t raw_empty[kRawSlots > 0 ? kRawSlots : 1];
 
-  // full_arrivals: 1 for TMA (one expect_tx arrival), the producer warps
-  // for stages the producer warpgroup writes itself (who also release the
+  // q_arrivals, v_arrivals: 1 where TMA fills the buffer (one expect_tx
+  // arrival), else the producer warps that write it (who also release the
   // raw tiles).
-  __device__ void init(int full_arrivals) {
+  __device__ void init(int q_arrivals, int v_arrivals) {
+    FullBarrier::init(&q_staged, 1);
 #pragma unroll
     for (int s = 0; s < kRawSlots; ++s) {
       FullBarrier::init(&raw_full[s], 1);
-      EmptyBarrier::init(&raw_empty[s], full_arrivals);
+      EmptyBarrier::init(&raw_empty[s], v_arrivals);
     }
-    FullBarrier::init(&q_full, full_arrivals);
+    FullBarrier::init(&q_full, q_arrivals);
     EmptyBarrier::init(&q_empty, kConsumerWarps);
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      FullBarrier::init(&k_full[s], full_arrivals);
-      FullBarrier::init(&v_full[s], full_arrivals);
+      FullBarrier::init(&k_full[s], 1);
+      FullBarrier::init(&v_full[s], v_arrivals);
       EmptyBarrier::init(&k_empty[s], kConsumerWarps);
       EmptyBarrier::init(&v_empty[s], kConsumerWarps);
     }

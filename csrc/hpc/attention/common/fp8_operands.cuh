@@ -1,0 +1,211 @@
+// FP8 (E4M3) operands in the forms the FP8 wgmma takes, for every attention
+// kernel: both operands K-major, A from registers or shared memory.
+//
+//  * P: the fp32 S accumulator of one warpgroup, rounded to E4M3 into the
+//    A fragment of O += P V. The m64nN accumulator gives a thread columns
+//    {2t, 2t + 1, 8 + 2t, 9 + 2t} of every 16 (t = lane % 4); the 8-bit A
+//    fragment wants k = 4t .. 4t + 3. Rather than move bytes between
+//    threads, the fragment keeps the accumulator's columns and the keys of
+//    V are permuted to match: k-position 16 h + 4 t + j of a 32-key block
+//    holds key 16 h + kKeyOfPosition[4 t + j] (prob_key_of_position).
+//  * V^T: V arrives as [key][channel] rows (the cache's layout); PV needs
+//    [channel][key] rows. One warp transposes 16 keys x 32 channels per
+//    step: ldmatrix.trans on 16-bit pairs gives a thread the channel pair
+//    (2c, 2c + 1) of keys (2t, 2t + 1) and of (8 + 2t, 9 + 2t), two byte
+//    permutes give each channel's four keys in the permuted order above,
+//    and stmatrix writes them as channel rows.
+//  * 16-bit rows quantized per row to E4M3 with an amax / 448 scale (Q of
+//    models whose queries are not FP8).
+//
+// Tiles are [chunk][row][kRowBytes] with the kRowBytes swizzle of the TMA
+// copies and of the wgmma layouts (swizzled_offset).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+
+namespace hpc {
+namespace attention {
+
+constexpr float kE4m3Max = 448.f;
+
+// Byte offset of byte `byte` of row `row` in a tile of `rows` rows stored
+// as chunks of kRowBytes per row ([chunk][row][kRowBytes]), each 16-byte
+// unit XOR-ed with the row's place in its 1024-byte swizzle atom (the 128-,
+// 64- or 32-byte swizzle for kRowBytes 128, 64, 32).
+template <int kRowBytes>
+__host__ __device__ __forceinline__ int swizzled_offset(int row, int byte,
+                                                        int rows) {
+  static_assert(kRowBytes == 32 || kRowBytes == 64 || kRowBytes == 128);
+  const int linear =
+      (byte / kRowBytes) * (rows * kRowBytes) + row * kRowBytes +
+      byte % kRowBytes;
+  constexpr int kMask = kRowBytes / 16 - 1;
+  return linear ^ (((linear >> 7) & kMask) << 4);
+}
+
+// The key at k-position `pos` (0..15) of a 16-key group of the PV operand:
+// see the file comment. Tests and host code use it to state the layout.
+__host__ __device__ constexpr int prob_key_of_position(int pos) {
+  return 8 * ((pos & 3) >> 1) + 2 * (pos >> 2) + (pos & 1);
+}
+
+// Two floats to two E4M3 bytes (low byte first), saturating.
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
+}
+
+// The S accumulator of 16 columns x 2 rows per value group (values 16 j ..
+// 16 j + 15 of a thread: 32 columns of the tile) as the four 32-bit
+// registers of the A fragment of one k = 32 step of an E4M3 wgmma:
+// register 2 h + r holds row half r, columns {2t, 2t+1, 8+2t, 9+2t} + 16 h.
+template <class FragS, class Regs>
+__device__ __forceinline__ void probabilities_to_e4m3(const FragS& s,
+                                                      Regs& a) {
+  static_assert(int(cute::size(FragS{})) % 16 == 0);
+#pragma unroll
+  for (int j = 0; j < int(cute::size(FragS{})) / 16; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int v = 16 * j + 8 * h + 2 * r;
+        a(4 * j + 2 * h + r) =
+            e4m3x2(s(v), s(v + 1)) | (e4m3x2(s(v + 4), s(v + 5)) << 16);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// V^T of one key tile, by one warp of `warps` (warp index `warp`): `src`
+// holds kKeys keys of kHeadDim E4M3 channels as [chunk][key][kSrcRowBytes];
+// `dst` receives kHeadDim rows of kKeys bytes (one chunk, the kKeys-byte
+// swizzle), k-positions permuted as prob_key_of_position. Keys at or past
+// `valid` become zeros: their cache slots may hold anything (NaN), and a
+// zero probability times NaN is NaN.
+template <int kKeys, int kHeadDim, int kSrcRowBytes>
+__device__ __forceinline__ void transpose_v_e4m3(const uint8_t* src,
+                                                 uint8_t* dst, int valid,
+                                                 int warp, int warps) {
+  static_assert(kKeys % 16 == 0 && kHeadDim % 32 == 0);
+  constexpr int kKeyGroups = kKeys / 16;
+  constexpr int kChannelGroups = kHeadDim / 32;
+  const int lane = threadIdx.x % 32;
+  const int matrix = lane / 8;  // the 8x8 (16-bit) matrix this lane addresses
+  const int r = lane % 8;
+  const int t = lane % 4;
+#pragma unroll 1
+  for (int step = warp; step < kKeyGroups * kChannelGroups; step += warps) {
+    const int k0 = (step % kKeyGroups) * 16;
+    const int d0 = (step / kKeyGroups) * 32;
+    // Matrices: keys +0..7 / +8..15 (matrix & 1) of channels +0..15 /
+    // +16..31 (matrix >> 1).
+    const int src_key = k0 + 8 * (matrix & 1) + r;
+    const int src_byte = d0 + 16 * (matrix >> 1);
+    uint32_t w[4];
+    asm volatile(
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, "
+        "[%4];\n"
+        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+        : "r"(smem_address(
+            src + swizzled_offset<kSrcRowBytes>(src_key, src_byte, kKeys))));
+    // w[2m + i] holds channels (2c, 2c + 1) of keys 8i + 2t, 8i + 2t + 1
+    // (c = lane / 4, channel block m).
+    uint32_t out[4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      out[2 * m] = __byte_perm(w[2 * m], w[2 * m + 1], 0x6420);
+      out[2 * m + 1] = __byte_perm(w[2 * m], w[2 * m + 1], 0x7531);
+    }
+    if (k0 + 16 > valid) {
+      // Bytes: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of the group.
+      uint32_t keep = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int key = k0 + 8 * (b >> 1) + 2 * t + (b & 1);
+        keep |= key < valid ? 0xffu << (8 * b) : 0u;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) out[i] &= keep;
+    }
+    // Matrix i of the store: channel rows d0 + 16 (i >> 1) + 2c + (i & 1).
+    const int dst_row = d0 + 16 * (matrix >> 1) + 2 * r + (matrix & 1);
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::
+            "r"(smem_address(
+                dst + swizzled_offset<kKeys>(dst_row, k0, kHeadDim))),
+        "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
+        : "memory");
+  }
+}
+
+// Rows [0, rows) of a 16-bit tile (bf16 when `bf16`, else fp16) of
+// kHeadDim channels, stored [chunk][row][128 bytes] over kTileRows rows,
+// quantized to E4M3 per row with scale amax / 448 into `dst` ([chunk][row]
+// [kDstRowBytes] over kTileRows rows); the scales go to `row_scale[row]`.
+// Each row is split over kHeadDim / 16 consecutive lanes of 16 channels
+// (one 16-byte E4M3 unit each); lane group `group` of `groups` takes rows
+// group, group + groups, ... Every lane of a warp takes part in each step
+// (the row's amax is a shuffle).
+template <int kHeadDim, int kTileRows, int kDstRowBytes>
+__device__ __forceinline__ void quantize_rows_e4m3(const uint8_t* src,
+                                                   uint8_t* dst,
+                                                   float* row_scale, bool bf16,
+                                                   int rows, int group,
+                                                   int groups) {
+  constexpr int kLanesPerRow = kHeadDim / 16;
+  static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0);
+  const int part = threadIdx.x % kLanesPerRow;
+#pragma unroll 1
+  for (int base = 0; base < rows; base += groups) {
+    const int row = min(base + group, kTileRows - 1);
+    float x[16];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          src + swizzled_offset<128>(row, 32 * part + 16 * u, kTileRows));
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f =
+            bf16 ? __bfloat1622float2(
+                       *reinterpret_cast<const __nv_bfloat162*>(&words[i]))
+                 : __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+        x[8 * u + 2 * i] = f.x;
+        x[8 * u + 2 * i + 1] = f.y;
+      }
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+#pragma unroll
+    for (int lanes = 1; lanes < kLanesPerRow; lanes *= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
+    }
+    if (base + group >= rows) continue;
+    const float inv = amax > 0.f ? kE4m3Max / amax : 0.f;
+    uint32_t q[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      q[i] = e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv) |
+             (e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv) << 16);
+    }
+    *reinterpret_cast<uint4*>(
+        dst + swizzled_offset<kDstRowBytes>(row, 16 * part, kTileRows)) =
+        make_uint4(q[0], q[1], q[2], q[3]);
+    if (part == 0) row_scale[row] = amax / kE4m3Max;
+  }
+}
+
+}  // namespace attention
+}  // namespace hpc
