@@ -257,9 +257,10 @@ def make_prefill_inputs(
     ``1 / sqrt(head_size)``. FP8 queries get per-(token, head) scales
     ``amax / 448``; 16-bit queries over an FP8 cache lie on the grid of
     ``on_fp8_grid`` unless ``q_on_fp8_grid`` is false (then the kernel's
-    own rounding of them is part of the measured error). ``num_blocks`` and ``max_blocks`` (default: what the
-    requests need, plus spares) size the cache and the block table as in
-    ``make_decode_inputs``. ``out`` holds NaN.
+    own rounding of them is part of the measured error). ``num_blocks`` and
+    ``max_blocks`` (default: what the requests need, plus spares) size the
+    cache and the block table as in ``make_decode_inputs``. ``out`` holds
+    NaN.
     """
     lens = [(int(q_len), int(kv_len)) for q_len, kv_len in lens]
     for q_len, kv_len in lens:
