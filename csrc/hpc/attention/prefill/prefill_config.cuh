@@ -96,25 +96,36 @@ struct PrefillConfig {
   // warps transpose into the V stages.
   static constexpr int kQStagingBytes = kFp8 ? kBlockM * kHeadDim * 2 : 0;
   static constexpr int kQScaleBytes = kFp8 ? kBlockM * 4 : 0;
-  static constexpr int kRawSlots = kFp8 ? 2 : 0;
-  static constexpr int kRawSlotBytes = kFp8 ? kStageBytes : 0;
-  static constexpr int kFreeBytes = kSmemPerSm - 2048 - kQBytes -
-                                    kQStagingBytes - kQScaleBytes -
-                                    kRawSlots * kRawSlotBytes;
-  static constexpr int kStagesFit = kFreeBytes / (2 * kStageBytes);
-  static constexpr int kStages = kStagesFit < 4 ? kStagesFit : 4;
-  static_assert(kStagesFit >= 2, "a ring of at least two stages");
+  // Stages of kStageBytes that fit beside Q: K and V stages, and for FP8
+  // two V^T stages (the transposition is short) with the rest as raw V
+  // tiles (the copies in flight).
+  static constexpr int kSlots =
+      (kSmemPerSm - 2048 - kQBytes - kQStagingBytes - kQScaleBytes) /
+      kStageBytes;
+  static constexpr int kVtStages = 2;
+  static constexpr int kMaxStages = 4;
+  static constexpr int kMaxRawSlots = 5;
+  static constexpr int kStagesFit = (kFp8 ? kSlots - kVtStages : kSlots) / 2;
+  static constexpr int kStages =
+      kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
+  static constexpr int kVStages = kFp8 ? kVtStages : kStages;
+  static constexpr int kRawFit = kFp8 ? kSlots - kStages - kVStages : 0;
+  static constexpr int kRawSlots =
+      kRawFit < kMaxRawSlots ? kRawFit : kMaxRawSlots;
+  static_assert(kStages >= 2 && (!kFp8 || kRawSlots >= 2),
+                "rings of at least two stages");
   static constexpr int kQStagingOffset = kQBytes;
   static constexpr int kKOffset = kQStagingOffset + kQStagingBytes;
   static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
-  static constexpr int kRawOffset = kVOffset + kStages * kStageBytes;
-  static constexpr int kQScaleOffset = kRawOffset + kRawSlots * kRawSlotBytes;
+  static constexpr int kRawOffset = kVOffset + kVStages * kStageBytes;
+  static constexpr int kQScaleOffset = kRawOffset + kRawSlots * kStageBytes;
   static constexpr int kTileBytes = kQScaleOffset + kQScaleBytes;
   // The tiles, 1024-byte aligned for the swizzle.
   static constexpr int kSmemBytes = kTileBytes + 1024;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory");
 
-  using Barriers = PipelineBarriers<kStages, kRawSlots>;
+  using Barriers = PipelineBarriers<kStages, kVStages, kRawSlots>;
+  using Pipeline = PipelineState<kStages, kVStages, kRawSlots>;
 
   // Consumer warpgroups issue their wgmma in turns (prefill_mainloop.cuh)
   // where a warpgroup's softmax is long beside its matrix products.
@@ -140,7 +151,7 @@ struct PrefillConfig {
       cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>,
                   cute::Int<kStages>>{}));
   using SmemLayoutVt =
-      decltype(pv_operand_layout<Element, kHeadDim, kBlockN, kStages>());
+      decltype(pv_operand_layout<Element, kHeadDim, kBlockN, kVStages>());
 
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<

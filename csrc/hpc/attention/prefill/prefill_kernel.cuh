@@ -83,8 +83,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
 
   TileScheduler<Config::kBlockN> scheduler(p);
   TileWork w;
-  RingState<Config::kStages> ring;
-  uint32_t q_phase = 0;
+  typename Config::Pipeline pos;
   typename Config::Softmax softmax;
   const WarpgroupTurns<Config::kTakeTurns> turns{tid / 128};
   turns.start();
@@ -94,7 +93,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
       clear(acc_o);
       softmax.reset();
     } else {
-      mma_tile<Config>(p, w, info, smem, bar, ring, q_phase, turns, acc_o,
+      mma_tile<Config>(p, w, info, smem, bar, pos, turns, acc_o,
                        softmax);
     }
     store_tile<Config>(p, info, acc_o, softmax);

@@ -95,47 +95,48 @@ __device__ void load_tiles(const PrefillParams& p, const PrefillSources& src,
   const QueryCopy<Config> q_copy(p, smem, bar);
   TileScheduler<kBlockN> scheduler(p);
   TileWork w;
-  RingState<Config::kStages> ring;
-  RingState<Config::kRawSlots> raw;
-  uint32_t q_phase = 0;
+  typename Config::Pipeline pos;
   while (scheduler.next(w)) {
     if (w.empty()) continue;
     if (lane == 0) {
-      EmptyBarrier::wait(&bar.q_empty, q_phase ^ 1);
+      EmptyBarrier::wait(&bar.q_empty, pos.q_phase ^ 1);
       q_copy.issue(p, &src.q_map, w);
     }
-    q_phase ^= 1;
+    pos.q_phase ^= 1;
 
     const int32_t* ids = p.block_table + w.request * p.block_table_stride;
     for (int n = w.keys.tile_end - 1; n >= w.keys.tile_begin; --n) {
       const KeyTileBlocks blocks =
           key_tile_blocks<kBlockN>(n, w.kv_len, p.block_size);
       const uint32_t bytes = KvTile::bytes(blocks.count, p.block_size);
-      const int s = ring.stage;
-      EmptyBarrier::wait(&bar.k_empty[s], ring.phase ^ 1);
+      const int s = pos.k.stage;
+      EmptyBarrier::wait(&bar.k_empty[s], pos.k.phase ^ 1);
       if (lane == 0) FullBarrier::arrive_and_expect_tx(&bar.k_full[s], bytes);
       __syncwarp();
       KvTile::issue(&src.k_map, &bar.k_full[s],
                     smem + Config::kKOffset + s * Config::kStageBytes,
                     ids + blocks.first, blocks.count, p.block_size, w.kv_head,
                     Config::kElemBytes, kKvCacheHint, lane);
+      pos.k.advance();
       // V: into its stage, or (FP8) into the raw ring.
-      uint64_t* v_full = &bar.v_full[s];
-      uint8_t* v_dst = smem + Config::kVOffset + s * Config::kStageBytes;
+      uint64_t* v_full;
+      uint8_t* v_dst;
       if constexpr (Config::kFp8) {
-        EmptyBarrier::wait(&bar.raw_empty[raw.stage], raw.phase ^ 1);
-        v_full = &bar.raw_full[raw.stage];
-        v_dst = smem + Config::kRawOffset + raw.stage * Config::kRawSlotBytes;
-        raw.advance();
+        EmptyBarrier::wait(&bar.raw_empty[pos.raw.stage], pos.raw.phase ^ 1);
+        v_full = &bar.raw_full[pos.raw.stage];
+        v_dst = smem + Config::kRawOffset + pos.raw.stage * Config::kStageBytes;
+        pos.raw.advance();
       } else {
-        EmptyBarrier::wait(&bar.v_empty[s], ring.phase ^ 1);
+        EmptyBarrier::wait(&bar.v_empty[pos.v.stage], pos.v.phase ^ 1);
+        v_full = &bar.v_full[pos.v.stage];
+        v_dst = smem + Config::kVOffset + pos.v.stage * Config::kStageBytes;
+        pos.v.advance();
       }
       if (lane == 0) FullBarrier::arrive_and_expect_tx(v_full, bytes);
       __syncwarp();
       KvTile::issue(&src.v_map, v_full, v_dst, ids + blocks.first,
                     blocks.count, p.block_size, w.kv_head, Config::kElemBytes,
                     kKvCacheHint, lane);
-      ring.advance();
     }
   }
 }
@@ -163,13 +164,14 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
 
   TileScheduler<kBlockN> scheduler(p);
   TileWork w;
-  RingState<Config::kStages> ring;
-  RingState<Config::kRawSlots> raw;
-  uint32_t q_phase = 0;
+  typename Config::Pipeline pos;
   while (scheduler.next(w)) {
     if (w.empty()) continue;
     if (quantize_q) {
-      FullBarrier::wait(&bar.q_staged, q_phase);
+      // The consumers are done with the previous tile's Q and its row
+      // scales (the staged copy implies it; waiting says it directly).
+      EmptyBarrier::wait(&bar.q_empty, pos.q_phase ^ 1);
+      FullBarrier::wait(&bar.q_staged, pos.q_phase);
       attention::quantize_rows_e4m3<kHeadDim, Config::kBlockM,
                                     Config::kRowBytes>(
           smem + Config::kQStagingOffset, smem, q_scale,
@@ -177,21 +179,22 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
           tid / kLanesPerRow, kTransposeWarps * 32 / kLanesPerRow);
       arrive(&bar.q_full);
     }
-    q_phase ^= 1;
+    pos.q_phase ^= 1;
 
     for (int n = w.keys.tile_end - 1; n >= w.keys.tile_begin; --n) {
-      const int s = ring.stage;
-      FullBarrier::wait(&bar.raw_full[raw.stage], raw.phase);
-      EmptyBarrier::wait(&bar.v_empty[s], ring.phase ^ 1);
+      const int r = pos.raw.stage;
+      const int s = pos.v.stage;
+      FullBarrier::wait(&bar.raw_full[r], pos.raw.phase);
+      EmptyBarrier::wait(&bar.v_empty[s], pos.v.phase ^ 1);
       attention::transpose_v_e4m3<kBlockN, kHeadDim, Config::kRowBytes>(
-          smem + Config::kRawOffset + raw.stage * Config::kRawSlotBytes,
+          smem + Config::kRawOffset + r * Config::kStageBytes,
           smem + Config::kVOffset + s * Config::kStageBytes,
           w.kv_len - n * kBlockN, warp, kTransposeWarps);
       arrive(&bar.v_full[s]);
       // This warp has read the raw tile (its lanes' loads fed the stores).
-      if (tid % 32 == 0) EmptyBarrier::arrive(&bar.raw_empty[raw.stage]);
-      ring.advance();
-      raw.advance();
+      if (tid % 32 == 0) EmptyBarrier::arrive(&bar.raw_empty[r]);
+      pos.v.advance();
+      pos.raw.advance();
     }
   }
 }

@@ -180,15 +180,14 @@ struct WarpgroupTurns {
 };
 
 // Runs one query tile; leaves O (unnormalised) in `acc_o` and the row
-// statistics in `softmax`. `ring` and `q_phase` carry the pipeline's
-// position from tile to tile.
-// Queries quantized in the kernel (FP8 caches, 16-bit queries) fold their
-// row scales into `rows` once the Q tile has landed.
+// statistics in `softmax`. `pos` carries the pipeline's position from tile
+// to tile. Queries quantized in the kernel (FP8 caches, 16-bit queries)
+// fold their row scales into `rows` once the Q tile has landed.
 template <class Config, class FragO>
 __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
                          RowInfo& rows, uint8_t* smem,
                          typename Config::Barriers& bar,
-                         RingState<Config::kStages>& ring, uint32_t& q_phase,
+                         typename Config::Pipeline& pos,
                          const WarpgroupTurns<Config::kTakeTurns>& turns,
                          FragO& acc_o, typename Config::Softmax& softmax) {
   using namespace cute;
@@ -248,8 +247,8 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   };
 
   softmax.reset();
-  FullBarrier::wait(&bar.q_full, q_phase);
-  q_phase ^= 1;
+  FullBarrier::wait(&bar.q_full, pos.q_phase);
+  pos.q_phase ^= 1;
   if (Config::kFp8 && p.q_type != ElemType::kFp8E4m3) {
     const float* q_scale =
         reinterpret_cast<const float*>(smem + Config::kQScaleOffset);
@@ -259,17 +258,17 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
     }
   }
 
-  // First key tile (the last one of the range).
+  // First key tile (the last one of the range). `pv`: the V stage of the
+  // key tile whose O += P V is pending.
   int n = w.keys.tile_end - 1;
-  int pv_stage = ring.stage;
-  uint32_t pv_phase = ring.phase;
+  RingState<Config::kVStages> pv = pos.v;
   {
-    FullBarrier::wait(&bar.k_full[ring.stage], ring.phase);
+    FullBarrier::wait(&bar.k_full[pos.k.stage], pos.k.phase);
     turns.take();
-    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, ring.stage), acc_s, true);
+    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, pos.k.stage), acc_s, true);
     turns.pass();
     warpgroup_wait<0>();
-    release(&bar.k_empty[ring.stage]);
+    release(&bar.k_empty[pos.k.stage]);
     float alpha[2];
     softmax_step(n, alpha);
     convert_p();
@@ -278,43 +277,44 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
       // (FP8: zeroed by the transposition).
       const int valid = w.kv_len - n * kBlockN;
       if (valid < kBlockN) {
-        FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);
+        FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
         zero_stale_rows<Config>(
-            smem + Config::kVOffset + pv_stage * Config::kStageBytes, valid);
+            smem + Config::kVOffset + pv.stage * Config::kStageBytes, valid);
       }
     }
-    ring.advance();
+    pos.k.advance();
+    pos.v.advance();
   }
   for (--n; n >= w.keys.tile_begin; --n) {
-    FullBarrier::wait(&bar.k_full[ring.stage], ring.phase);
-    FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);
+    FullBarrier::wait(&bar.k_full[pos.k.stage], pos.k.phase);
+    FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
     turns.take();
-    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, ring.stage), acc_s, true);
-    issue_pv(pv_stage);
+    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, pos.k.stage), acc_s, true);
+    issue_pv(pv.stage);
     turns.pass();
     warpgroup_wait<1>();
-    release(&bar.k_empty[ring.stage]);
+    release(&bar.k_empty[pos.k.stage]);
     float alpha[2];
     softmax_step(n, alpha);
     warpgroup_wait<0>();
-    release(&bar.v_empty[pv_stage]);
+    release(&bar.v_empty[pv.stage]);
     // Once the running maxima settle, O needs no rescaling.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
       attention::scale_rows(acc_o, alpha);
     }
     convert_p();
-    pv_stage = ring.stage;
-    pv_phase = ring.phase;
-    ring.advance();
+    pv = pos.v;
+    pos.k.advance();
+    pos.v.advance();
   }
   // Every S = Q K^T of the tile is done: the next tile's Q may come.
   release(&bar.q_empty);
-  FullBarrier::wait(&bar.v_full[pv_stage], pv_phase);
+  FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
   turns.take();
-  issue_pv(pv_stage);
+  issue_pv(pv.stage);
   turns.pass();
   warpgroup_wait<0>();
-  release(&bar.v_empty[pv_stage]);
+  release(&bar.v_empty[pv.stage]);
 }
 
 }  // namespace prefill

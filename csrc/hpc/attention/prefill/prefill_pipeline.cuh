@@ -1,11 +1,12 @@
 // The shared-memory pipeline of the paged prefill kernel: a Q buffer and
-// two rings of kStages stages, K and V, each stage guarded by a full
-// barrier (its contents landed) and an empty barrier (every consumer warp
-// is done reading it). K and V advance together, but a V stage is released
-// one step after the K stage of the same index, since O += P V runs beside
-// the next S = Q K^T. FP8 caches add a staging tile for 16-bit queries and
-// a ring of kRawSlots raw V tiles ahead of the V stages, which producer
-// warps fill with V^T (prefill_load.cuh).
+// two rings, K (kStages stages) and V (kVStages), each stage guarded by a
+// full barrier (its contents landed) and an empty barrier (every consumer
+// warp is done reading it). K and V advance together, but a V stage is
+// released one step after the K stage of its key tile, since O += P V runs
+// beside the next S = Q K^T. FP8 caches add a staging tile for 16-bit
+// queries and a ring of kRawSlots raw V tiles ahead of the V stages, which
+// producer warps fill with V^T (prefill_load.cuh): the copies in flight
+// are the raw slots, so that ring is the deep one.
 #pragma once
 
 #include <cstdint>
@@ -20,14 +21,14 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
 constexpr int kConsumerWarps = 8;
 
-template <int kStages, int kRawSlots>
+template <int kStages, int kVStages, int kRawSlots>
 struct PipelineBarriers {
   uint64_t q_full;
   uint64_t q_empty;
   uint64_t k_full[kStages];
   uint64_t k_empty[kStages];
-  uint64_t v_full[kStages];
-  uint64_t v_empty[kStages];
+  uint64_t v_full[kVStages];
+  uint64_t v_empty[kVStages];
   // FP8 caches: the 16-bit queries' staging tile and the raw V tiles.
   uint64_t q_staged;
   uint64_t raw_full[kRawSlots > 0 ? kRawSlots : 1];
@@ -48,8 +49,11 @@ struct PipelineBarriers {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       FullBarrier::init(&k_full[s], 1);
-      FullBarrier::init(&v_full[s], v_arrivals);
       EmptyBarrier::init(&k_empty[s], kConsumerWarps);
+    }
+#pragma unroll
+    for (int s = 0; s < kVStages; ++s) {
+      FullBarrier::init(&v_full[s], v_arrivals);
       EmptyBarrier::init(&v_empty[s], kConsumerWarps);
     }
   }
@@ -67,6 +71,16 @@ struct RingState {
       phase ^= 1;
     }
   }
+};
+
+// Where a role of the kernel is in the pipeline, carried from tile to tile:
+// its positions in the K, V and raw V rings and the Q buffer's phase.
+template <int kStages, int kVStages, int kRawSlots>
+struct PipelineState {
+  RingState<kStages> k;
+  RingState<kVStages> v;
+  RingState<kRawSlots> raw;
+  uint32_t q_phase = 0;
 };
 
 // A consumer warp is done with the buffer behind `bar`.
