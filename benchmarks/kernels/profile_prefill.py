@@ -17,6 +17,7 @@ import argparse
 import sys
 
 import torch
+from bench_utils import import_hpc_ops
 from benchmark_hpc_prefill import (
     BLOCK_SIZE,
     all_cases,
@@ -24,7 +25,6 @@ from benchmark_hpc_prefill import (
     make_input_set,
     make_layout,
 )
-from bench_utils import import_hpc_ops
 
 
 def main(argv: list[str] | None = None) -> int:
