@@ -42,9 +42,8 @@ template <int kRowBytes>
 __host__ __device__ __forceinline__ int swizzled_offset(int row, int byte,
                                                         int rows) {
   static_assert(kRowBytes == 32 || kRowBytes == 64 || kRowBytes == 128);
-  const int linear =
-      (byte / kRowBytes) * (rows * kRowBytes) + row * kRowBytes +
-      byte % kRowBytes;
+  const int linear = (byte / kRowBytes) * (rows * kRowBytes) + row * kRowBytes +
+                     byte % kRowBytes;
   constexpr int kMask = kRowBytes / 16 - 1;
   return linear ^ (((linear >> 7) & kMask) << 4);
 }
@@ -66,8 +65,7 @@ __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
 // registers of the A fragment of one k = 32 step of an E4M3 wgmma:
 // register 2 h + r holds row half r, columns {2t, 2t+1, 8+2t, 9+2t} + 16 h.
 template <class FragS, class Regs>
-__device__ __forceinline__ void probabilities_to_e4m3(const FragS& s,
-                                                      Regs& a) {
+__device__ __forceinline__ void probabilities_to_e4m3(const FragS& s, Regs& a) {
   static_assert(int(cute::size(FragS{})) % 16 == 0);
 #pragma unroll
   for (int j = 0; j < int(cute::size(FragS{})) / 16; ++j) {
@@ -87,67 +85,115 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// V^T of one key tile, by one warp of `warps` (warp index `warp`): `src`
-// holds kKeys keys of kHeadDim E4M3 channels as [chunk][key][kSrcRowBytes];
-// `dst` receives kHeadDim rows of kKeys bytes (one chunk, the kKeys-byte
-// swizzle), k-positions permuted as prob_key_of_position. Keys at or past
-// `valid` become zeros: their cache slots may hold anything (NaN), and a
-// zero probability times NaN is NaN.
-template <int kKeys, int kHeadDim, int kSrcRowBytes>
-__device__ __forceinline__ void transpose_v_e4m3(const uint8_t* src,
-                                                 uint8_t* dst, int valid,
-                                                 int warp, int warps) {
+// V^T of a key tile, by kWarps warps: `src` holds kKeys keys of kHeadDim
+// E4M3 channels as [chunk][key][kSrcRowBytes]; `dst` receives kHeadDim rows
+// of kKeys bytes (one chunk, the kKeys-byte swizzle), k-positions permuted
+// as prob_key_of_position. Keys at or past `valid` become zeros: their
+// cache slots may hold anything (NaN), and a zero probability times NaN is
+// NaN. A step is 16 keys x 32 channels; the lane parts of its addresses are
+// fixed, so a step adds its key offset and XORs its channel bits in (the
+// swizzle only moves bytes within a row, by the row's place in its atom,
+// which steps of 16 keys and 32 channels keep).
+template <int kKeys, int kHeadDim, int kSrcRowBytes, int kWarps>
+class VTransposer {
+ public:
   static_assert(kKeys % 16 == 0 && kHeadDim % 32 == 0);
-  constexpr int kKeyGroups = kKeys / 16;
-  constexpr int kChannelGroups = kHeadDim / 32;
-  const int lane = threadIdx.x % 32;
-  const int matrix = lane / 8;  // the 8x8 (16-bit) matrix this lane addresses
-  const int r = lane % 8;
-  const int t = lane % 4;
+  static constexpr int kKeyGroups = kKeys / 16;
+  static constexpr int kSteps = kKeyGroups * (kHeadDim / 32);
+  static constexpr int kStepsPerWarp = (kSteps + kWarps - 1) / kWarps;
+  // Steps whose loads are in flight together.
+  static constexpr int kBatch = 4;
+
+  __device__ VTransposer() {
+    const int lane = threadIdx.x % 32;
+    const int matrix = lane / 8;  // the 8x8 (16-bit) matrix it addresses
+    const int r = lane % 8;
+    // Loads: keys +0..7 / +8..15 (matrix & 1) of channels +0..15 / +16..31
+    // (matrix >> 1). Stores: channel rows 16 (matrix >> 1) + 2r + (matrix
+    // & 1).
+    src_lane_ = swizzled_offset<kSrcRowBytes>(8 * (matrix & 1) + r,
+                                              16 * (matrix >> 1), kKeys);
+    dst_lane_ = swizzled_offset<kKeys>(
+        16 * (matrix >> 1) + 2 * r + (matrix & 1), 0, kHeadDim);
+    // Bytes of a stored word: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of the group.
+    const int t = lane % 4;
+    key_of_byte_ = (2 * t) | ((2 * t + 1) << 8) | ((8 + 2 * t) << 16) |
+                   ((9 + 2 * t) << 24);
+  }
+
+  // By every lane of warp `warp` (0 .. kWarps - 1).
+  __device__ void operator()(const uint8_t* src, uint8_t* dst, int valid,
+                             int warp) const {
+    const uint32_t src_base = smem_address(src);
+    const uint32_t dst_base = smem_address(dst);
 #pragma unroll 1
-  for (int step = warp; step < kKeyGroups * kChannelGroups; step += warps) {
-    const int k0 = (step % kKeyGroups) * 16;
-    const int d0 = (step / kKeyGroups) * 32;
-    // Matrices: keys +0..7 / +8..15 (matrix & 1) of channels +0..15 /
-    // +16..31 (matrix >> 1).
-    const int src_key = k0 + 8 * (matrix & 1) + r;
-    const int src_byte = d0 + 16 * (matrix >> 1);
-    uint32_t w[4];
-    asm volatile(
-        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, "
-        "[%4];\n"
-        : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-        : "r"(smem_address(
-            src + swizzled_offset<kSrcRowBytes>(src_key, src_byte, kKeys))));
-    // w[2m + i] holds channels (2c, 2c + 1) of keys 8i + 2t, 8i + 2t + 1
-    // (c = lane / 4, channel block m).
-    uint32_t out[4];
+    for (int i0 = 0; i0 < kStepsPerWarp; i0 += kBatch) {
+      uint32_t w[kBatch][4];
 #pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      out[2 * m] = __byte_perm(w[2 * m], w[2 * m + 1], 0x6420);
-      out[2 * m + 1] = __byte_perm(w[2 * m], w[2 * m + 1], 0x7531);
-    }
-    if (k0 + 16 > valid) {
-      // Bytes: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of the group.
-      uint32_t keep = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const int key = k0 + 8 * (b >> 1) + 2 * t + (b & 1);
-        keep |= key < valid ? 0xffu << (8 * b) : 0u;
+      for (int j = 0; j < kBatch; ++j) {
+        const uint32_t step = warp + (i0 + j) * kWarps;
+        if (i0 + j < kStepsPerWarp && step < kSteps) {
+          asm volatile(
+              "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, "
+              "%3}, [%4];\n"
+              : "=r"(w[j][0]), "=r"(w[j][1]), "=r"(w[j][2]), "=r"(w[j][3])
+              : "r"(src_base + src_offset(step)));
+        }
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) out[i] &= keep;
+      for (int j = 0; j < kBatch; ++j) {
+        const uint32_t step = warp + (i0 + j) * kWarps;
+        if (i0 + j < kStepsPerWarp && step < kSteps) {
+          // w[j][2m + i]: channels (2c, 2c + 1) of keys 8i + 2t and
+          // 8i + 2t + 1 (c = lane / 4, channel block m).
+          uint32_t out[4];
+#pragma unroll
+          for (int m = 0; m < 2; ++m) {
+            out[2 * m] = __byte_perm(w[j][2 * m], w[j][2 * m + 1], 0x6420);
+            out[2 * m + 1] = __byte_perm(w[j][2 * m], w[j][2 * m + 1], 0x7531);
+          }
+          const int k0 = key0(step);
+          if (k0 + 16 > valid) {
+            uint32_t keep = 0;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+              const int key = k0 + ((key_of_byte_ >> (8 * b)) & 0xff);
+              keep |= key < valid ? 0xffu << (8 * b) : 0u;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out[i] &= keep;
+          }
+          asm volatile(
+              "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, "
+              "%4};\n" ::"r"(dst_base + dst_offset(step)),
+              "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
+              : "memory");
+        }
+      }
     }
-    // Matrix i of the store: channel rows d0 + 16 (i >> 1) + 2c + (i & 1).
-    const int dst_row = d0 + 16 * (matrix >> 1) + 2 * r + (matrix & 1);
-    asm volatile(
-        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::
-            "r"(smem_address(
-                dst + swizzled_offset<kKeys>(dst_row, k0, kHeadDim))),
-        "r"(out[0]), "r"(out[1]), "r"(out[2]), "r"(out[3])
-        : "memory");
   }
-}
+
+ private:
+  __device__ static int key0(uint32_t step) {
+    return static_cast<int>(step % kKeyGroups) * 16;
+  }
+  __device__ static uint32_t channel0(uint32_t step) {
+    return step / kKeyGroups * 32;
+  }
+  __device__ uint32_t src_offset(uint32_t step) const {
+    const uint32_t d0 = channel0(step);
+    return (d0 / kSrcRowBytes * (kKeys * kSrcRowBytes) +
+            key0(step) * kSrcRowBytes + src_lane_) ^
+           (d0 % kSrcRowBytes);
+  }
+  __device__ uint32_t dst_offset(uint32_t step) const {
+    return (channel0(step) * kKeys + dst_lane_) ^ key0(step);
+  }
+
+  uint32_t src_lane_;
+  uint32_t dst_lane_;
+  uint32_t key_of_byte_;
+};
 
 // Rows [0, rows) of a 16-bit tile (bf16 when `bf16`, else fp16) of
 // kHeadDim channels, stored [chunk][row][128 bytes] over kTileRows rows,

@@ -101,9 +101,9 @@ struct OnlineSoftmax {
     for (int h = 0; h < 2; ++h) {
       const float sum = quad_sum(l[h]);
       inv_sum[h] = sum > 0.f ? 1.f / sum : 0.f;
-      lse[h] = sum > 0.f ? m[h] + log2f(sum) -
-                               static_cast<float>(kProbLog2Scale)
-                         : -INFINITY;
+      lse[h] = sum > 0.f
+                   ? m[h] + log2f(sum) - static_cast<float>(kProbLog2Scale)
+                   : -INFINITY;
     }
   }
 };

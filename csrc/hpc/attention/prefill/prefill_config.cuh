@@ -32,12 +32,6 @@
 namespace hpc {
 namespace prefill {
 
-constexpr int kProducerThreads = 128;  // one warpgroup
-constexpr int kConsumerThreads = 256;  // two warpgroups
-constexpr int kPrefillThreads = kProducerThreads + kConsumerThreads;
-// FP8 caches: producer warps 1..3 transpose V (and quantize 16-bit Q);
-// warp 0 issues the copies.
-constexpr int kTransposeWarps = kProducerThreads / 32 - 1;
 // Shared memory a CTA may use on one SM (every Hopper part).
 constexpr int kSmemPerSm = 227 * 1024;
 // Registers a CTA holds at launch (the kernel's cap for 384 threads, one
@@ -58,8 +52,8 @@ using KMajorAtom = std::conditional_t<
 // keys, K-major.
 template <class Element, int kHeadDim, int kBlockN, int kStages>
 constexpr auto pv_operand_layout() {
-  using Shape = cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>,
-                            cute::Int<kStages>>;
+  using Shape =
+      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>;
   if constexpr (std::is_same_v<Element, cute::float_e4m3_t>) {
     return cute::tile_to_shape(KMajorAtom<Element, kBlockN>{}, Shape{});
   } else {
@@ -97,14 +91,14 @@ struct PrefillConfig {
   static constexpr int kQStagingBytes = kFp8 ? kBlockM * kHeadDim * 2 : 0;
   static constexpr int kQScaleBytes = kFp8 ? kBlockM * 4 : 0;
   // Stages of kStageBytes that fit beside Q: K and V stages, and for FP8
-  // two V^T stages (the transposition is short) with the rest as raw V
-  // tiles (the copies in flight).
+  // three V^T stages (the transposition runs a tile or two ahead of the
+  // consumers) with the rest as raw V tiles (the copies in flight).
   static constexpr int kSlots =
       (kSmemPerSm - 2048 - kQBytes - kQStagingBytes - kQScaleBytes) /
       kStageBytes;
-  static constexpr int kVtStages = 2;
+  static constexpr int kVtStages = 3;
   static constexpr int kMaxStages = 4;
-  static constexpr int kMaxRawSlots = 5;
+  static constexpr int kMaxRawSlots = 4;
   static constexpr int kStagesFit = (kFp8 ? kSlots - kVtStages : kSlots) / 2;
   static constexpr int kStages =
       kStagesFit < kMaxStages ? kStagesFit : kMaxStages;

@@ -34,8 +34,8 @@ void launch_prefill_kernel(const PrefillParams& params,
       return launch_config<PrefillConfig<kHeadDim, cute::bfloat16_t>>(
           params, src, grid, stream);
     case ElemType::kFp16:
-      return launch_config<PrefillConfig<kHeadDim, cute::half_t>>(
-          params, src, grid, stream);
+      return launch_config<PrefillConfig<kHeadDim, cute::half_t>>(params, src,
+                                                                  grid, stream);
     case ElemType::kFp8E4m3:
       return launch_config<PrefillConfig<kHeadDim, cute::float_e4m3_t>>(
           params, src, grid, stream);

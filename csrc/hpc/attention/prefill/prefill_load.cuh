@@ -72,8 +72,8 @@ struct QueryCopy {
   __device__ void issue(const PrefillParams& p, const CUtensorMap* map,
                         const TileWork& w) const {
     FullBarrier::arrive_and_expect_tx(
-        bar, static_cast<uint32_t>(chunks * row_bytes * p.group *
-                                   p.tile_tokens));
+        bar,
+        static_cast<uint32_t>(chunks * row_bytes * p.group * p.tile_tokens));
     for (int c = 0; c < chunks; ++c) {
       cute::SM90_TMA_LOAD_4D::copy(
           map, bar,
@@ -134,9 +134,9 @@ __device__ void load_tiles(const PrefillParams& p, const PrefillSources& src,
       }
       if (lane == 0) FullBarrier::arrive_and_expect_tx(v_full, bytes);
       __syncwarp();
-      KvTile::issue(&src.v_map, v_full, v_dst, ids + blocks.first,
-                    blocks.count, p.block_size, w.kv_head, Config::kElemBytes,
-                    kKvCacheHint, lane);
+      KvTile::issue(&src.v_map, v_full, v_dst, ids + blocks.first, blocks.count,
+                    p.block_size, w.kv_head, Config::kElemBytes, kKvCacheHint,
+                    lane);
     }
   }
 }
@@ -146,15 +146,19 @@ __device__ void load_tiles(const PrefillParams& p, const PrefillSources& src,
 // stage.
 template <class Config>
 __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
-                                typename Config::Barriers& bar) {
+                                typename Config::Barriers& bar,
+                                const QScaleHandoff& scales) {
   static_assert(Config::kFp8);
   constexpr int kBlockN = Config::kBlockN;
   constexpr int kHeadDim = Config::kHeadDim;
   constexpr int kLanesPerRow = kHeadDim / 16;  // quantize_rows_e4m3
   const int warp = threadIdx.x / 32 - 1;
   const int tid = threadIdx.x - 32;
-  const bool quantize_q = p.q_type != ElemType::kFp8E4m3;
+  const bool quantize_q = scales.enabled;
   float* q_scale = reinterpret_cast<float*>(smem + Config::kQScaleOffset);
+  const attention::VTransposer<kBlockN, kHeadDim, Config::kRowBytes,
+                               kTransposeWarps>
+      transpose;
   // Generic-proxy writes, read by wgmma through the async proxy.
   auto arrive = [&](uint64_t* full) {
     cutlass::arch::fence_view_async_shared();
@@ -168,15 +172,14 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
   while (scheduler.next(w)) {
     if (w.empty()) continue;
     if (quantize_q) {
-      // The consumers are done with the previous tile's Q and its row
-      // scales (the staged copy implies it; waiting says it directly).
-      EmptyBarrier::wait(&bar.q_empty, pos.q_phase ^ 1);
       FullBarrier::wait(&bar.q_staged, pos.q_phase);
+      scales.acquire();
       attention::quantize_rows_e4m3<kHeadDim, Config::kBlockM,
                                     Config::kRowBytes>(
           smem + Config::kQStagingOffset, smem, q_scale,
           p.q_type == ElemType::kBf16, p.group * p.tile_tokens,
           tid / kLanesPerRow, kTransposeWarps * 32 / kLanesPerRow);
+      scales.publish();
       arrive(&bar.q_full);
     }
     pos.q_phase ^= 1;
@@ -186,10 +189,9 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
       const int s = pos.v.stage;
       FullBarrier::wait(&bar.raw_full[r], pos.raw.phase);
       EmptyBarrier::wait(&bar.v_empty[s], pos.v.phase ^ 1);
-      attention::transpose_v_e4m3<kBlockN, kHeadDim, Config::kRowBytes>(
-          smem + Config::kRawOffset + r * Config::kStageBytes,
-          smem + Config::kVOffset + s * Config::kStageBytes,
-          w.kv_len - n * kBlockN, warp, kTransposeWarps);
+      transpose(smem + Config::kRawOffset + r * Config::kStageBytes,
+                smem + Config::kVOffset + s * Config::kStageBytes,
+                w.kv_len - n * kBlockN, warp);
       arrive(&bar.v_full[s]);
       // This warp has read the raw tile (its lanes' loads fed the stores).
       if (tid % 32 == 0) EmptyBarrier::arrive(&bar.raw_empty[r]);
@@ -197,6 +199,7 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
       pos.raw.advance();
     }
   }
+  scales.acquire();
 }
 
 }  // namespace prefill

@@ -66,14 +66,14 @@ __device__ __forceinline__ void wgmma_batch(Mma& mma, const TA& a, const TB& b,
 
 // Per-row constants of a consumer thread's two rows in the current tile.
 struct RowInfo {
-  bool live[2];      // a real (token, head) of the request
-  int tile_row[2];   // row of the 128-row tile
-  int token[2];      // token index within the batch
-  int head[2];       // query head
-  int pos[2];        // query position (-1 for rows that are not live)
-  float logit[2];    // factor of q.k: scale and the K and query scales
-  float qk[2];       // factor of q.k before the soft-cap's tanh (softcap only)
-  float scale[2];    // the softmax's logit scale, log2 domain (> 0)
+  bool live[2];     // a real (token, head) of the request
+  int tile_row[2];  // row of the 128-row tile
+  int token[2];     // token index within the batch
+  int head[2];      // query head
+  int pos[2];       // query position (-1 for rows that are not live)
+  float logit[2];   // factor of q.k: scale and the K and query scales
+  float qk[2];      // factor of q.k before the soft-cap's tanh (softcap only)
+  float scale[2];   // the softmax's logit scale, log2 domain (> 0)
 
   // Sets row half h's factor of q.k and the scales derived from it.
   __device__ void set_logit(const PrefillParams& p, int h, float s) {
@@ -189,7 +189,8 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
                          typename Config::Barriers& bar,
                          typename Config::Pipeline& pos,
                          const WarpgroupTurns<Config::kTakeTurns>& turns,
-                         FragO& acc_o, typename Config::Softmax& softmax) {
+                         const QScaleHandoff& scales, FragO& acc_o,
+                         typename Config::Softmax& softmax) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
@@ -249,13 +250,15 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   softmax.reset();
   FullBarrier::wait(&bar.q_full, pos.q_phase);
   pos.q_phase ^= 1;
-  if (Config::kFp8 && p.q_type != ElemType::kFp8E4m3) {
+  if (scales.enabled) {
     const float* q_scale =
         reinterpret_cast<const float*>(smem + Config::kQScaleOffset);
+    scales.wait();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       rows.set_logit(p, h, rows.logit[h] * q_scale[rows.tile_row[h]]);
     }
+    scales.free();
   }
 
   // First key tile (the last one of the range). `pv`: the V stage of the
