@@ -29,6 +29,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "common/sync.cuh"
+
 namespace hpc {
 namespace attention {
 
@@ -198,17 +200,17 @@ class VTransposer {
 // Rows [0, rows) of a 16-bit tile (bf16 when `bf16`, else fp16) of
 // kHeadDim channels, stored [chunk][row][128 bytes] over kTileRows rows,
 // quantized to E4M3 per row with scale amax / 448 into `dst` ([chunk][row]
-// [kDstRowBytes] over kTileRows rows); the scales go to `row_scale[row]`.
+// [kDstRowBytes] over kTileRows rows); the scales go to `row_scale[row]`
+// by async stores that complete 4 bytes each on `scale_bar`, the barrier
+// the readers of the tile wait on (its expected bytes must count them).
 // Each row is split over kHeadDim / 16 consecutive lanes of 16 channels
 // (one 16-byte E4M3 unit each); lane group `group` of `groups` takes rows
 // group, group + groups, ... Every lane of a warp takes part in each step
 // (the row's amax is a shuffle).
 template <int kHeadDim, int kTileRows, int kDstRowBytes>
-__device__ __forceinline__ void quantize_rows_e4m3(const uint8_t* src,
-                                                   uint8_t* dst,
-                                                   float* row_scale, bool bf16,
-                                                   int rows, int group,
-                                                   int groups) {
+__device__ __forceinline__ void quantize_rows_e4m3(
+    const uint8_t* src, uint8_t* dst, float* row_scale, uint64_t* scale_bar,
+    bool bf16, int rows, int group, int groups) {
   constexpr int kLanesPerRow = kHeadDim / 16;
   static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0);
   const int part = threadIdx.x % kLanesPerRow;
@@ -249,7 +251,9 @@ __device__ __forceinline__ void quantize_rows_e4m3(const uint8_t* src,
     *reinterpret_cast<uint4*>(
         dst + swizzled_offset<kDstRowBytes>(row, 16 * part, kTileRows)) =
         make_uint4(q[0], q[1], q[2], q[3]);
-    if (part == 0) row_scale[row] = amax / kE4m3Max;
+    if (part == 0) {
+      store_async_counted(&row_scale[row], amax / kE4m3Max, scale_bar);
+    }
   }
 }
 

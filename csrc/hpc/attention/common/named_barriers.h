@@ -11,8 +11,6 @@ enum class PrefillBarrier : int {
   kConsumers = 1,   // both consumer warpgroups (256 threads)
   kWarpgroup0Turn,  // consumer warpgroup 0 may issue its wgmma
   kWarpgroup1Turn,  // consumer warpgroup 1 may issue its wgmma
-  kQScalesReady,    // FP8 caches: the row scales of quantized Q are written
-  kQScalesFree,     // ... and read (transposing warps and consumers)
 };
 
 }  // namespace attention

@@ -42,13 +42,14 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   __shared__ typename Config::Barriers bar;
 
   const bool producer = threadIdx.x < kProducerThreads;
-  // Queries quantized in the kernel: FP8 caches with 16-bit queries.
-  const QScaleHandoff scales{Config::kFp8 && p.q_type != ElemType::kFp8E4m3};
   if (threadIdx.x == 0) {
     prefetch_tma_descriptor(&src.q_map);
     prefetch_tma_descriptor(&src.k_map);
     prefetch_tma_descriptor(&src.v_map);
-    bar.init(scales.enabled ? kTransposeWarps : 1,
+    // Queries quantized in the kernel (FP8 caches, 16-bit queries): the
+    // transposing warps write the Q tile.
+    const bool quantize_q = Config::kFp8 && p.q_type != ElemType::kFp8E4m3;
+    bar.init(quantize_q ? kTransposeWarps : 1,
              Config::kFp8 ? kTransposeWarps : 1);
     cutlass::arch::fence_barrier_init();
   }
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
     if (threadIdx.x < 32) {
       load_tiles<Config>(p, src, smem, bar);
     } else if constexpr (Config::kFp8) {
-      transpose_tiles<Config>(p, smem, bar, scales);
+      transpose_tiles<Config>(p, smem, bar);
     }
     return;
   }
@@ -88,15 +89,13 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
   typename Config::Softmax softmax;
   const WarpgroupTurns<Config::kTakeTurns> turns{tid / 128};
   turns.start();
-  scales.free();  // the scales' buffer starts free
   while (scheduler.next(w)) {
     RowInfo info = row_info(p, w, rows);
     if (w.empty()) {
       clear(acc_o);
       softmax.reset();
     } else {
-      mma_tile<Config>(p, w, info, smem, bar, pos, turns, scales, acc_o,
-                       softmax);
+      mma_tile<Config>(p, w, info, smem, bar, pos, turns, acc_o, softmax);
     }
     store_tile<Config>(p, info, acc_o, softmax);
   }

@@ -146,15 +146,14 @@ __device__ void load_tiles(const PrefillParams& p, const PrefillSources& src,
 // stage.
 template <class Config>
 __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
-                                typename Config::Barriers& bar,
-                                const QScaleHandoff& scales) {
+                                typename Config::Barriers& bar) {
   static_assert(Config::kFp8);
   constexpr int kBlockN = Config::kBlockN;
   constexpr int kHeadDim = Config::kHeadDim;
   constexpr int kLanesPerRow = kHeadDim / 16;  // quantize_rows_e4m3
   const int warp = threadIdx.x / 32 - 1;
   const int tid = threadIdx.x - 32;
-  const bool quantize_q = scales.enabled;
+  const bool quantize_q = p.q_type != ElemType::kFp8E4m3;
   float* q_scale = reinterpret_cast<float*>(smem + Config::kQScaleOffset);
   const attention::VTransposer<kBlockN, kHeadDim, Config::kRowBytes,
                                kTransposeWarps>
@@ -172,15 +171,23 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
   while (scheduler.next(w)) {
     if (w.empty()) continue;
     if (quantize_q) {
+      // The staged copy was issued once the consumers released the
+      // previous tile's Q and scales.
       FullBarrier::wait(&bar.q_staged, pos.q_phase);
-      scales.acquire();
+      const int rows = p.group * p.tile_tokens;
       attention::quantize_rows_e4m3<kHeadDim, Config::kBlockM,
                                     Config::kRowBytes>(
-          smem + Config::kQStagingOffset, smem, q_scale,
-          p.q_type == ElemType::kBf16, p.group * p.tile_tokens,
-          tid / kLanesPerRow, kTransposeWarps * 32 / kLanesPerRow);
-      scales.publish();
-      arrive(&bar.q_full);
+          smem + Config::kQStagingOffset, smem, q_scale, &bar.q_full,
+          p.q_type == ElemType::kBf16, rows, tid / kLanesPerRow,
+          kTransposeWarps * 32 / kLanesPerRow);
+      // The Q tile's barrier also counts the scales' bytes.
+      cutlass::arch::fence_view_async_shared();
+      __syncwarp();
+      if (tid == 0) {
+        FullBarrier::arrive_and_expect_tx(&bar.q_full, 4 * rows);
+      } else if (tid % 32 == 0) {
+        FullBarrier::arrive(&bar.q_full);
+      }
     }
     pos.q_phase ^= 1;
 
@@ -199,7 +206,6 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
       pos.raw.advance();
     }
   }
-  scales.acquire();
 }
 
 }  // namespace prefill

@@ -189,8 +189,7 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
                          typename Config::Barriers& bar,
                          typename Config::Pipeline& pos,
                          const WarpgroupTurns<Config::kTakeTurns>& turns,
-                         const QScaleHandoff& scales, FragO& acc_o,
-                         typename Config::Softmax& softmax) {
+                         FragO& acc_o, typename Config::Softmax& softmax) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kBlockM = Config::kBlockM;
@@ -250,15 +249,14 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   softmax.reset();
   FullBarrier::wait(&bar.q_full, pos.q_phase);
   pos.q_phase ^= 1;
-  if (scales.enabled) {
+  if (Config::kFp8 && p.q_type != ElemType::kFp8E4m3) {
+    // Landed with the tile (q_full counts their bytes).
     const float* q_scale =
         reinterpret_cast<const float*>(smem + Config::kQScaleOffset);
-    scales.wait();
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       rows.set_logit(p, h, rows.logit[h] * q_scale[rows.tile_row[h]]);
     }
-    scales.free();
   }
 
   // First key tile (the last one of the range). `pv`: the V stage of the

@@ -13,9 +13,6 @@
 
 #include <cutlass/arch/barrier.h>
 
-#include "attention/common/named_barriers.h"
-#include "common/sync.cuh"
-
 namespace hpc {
 namespace prefill {
 
@@ -91,42 +88,6 @@ struct PipelineState {
   RingState<kVStages> v;
   RingState<kRawSlots> raw;
   uint32_t q_phase = 0;
-};
-
-// FP8 caches with 16-bit queries: the row scales of the quantized Q tile
-// pass from the transposing warps to the consumers through shared memory,
-// ordered by two named barriers (written -> read, read -> next write). The
-// consumers' free() at start and the writers' acquire() at the end balance
-// the rounds.
-struct QScaleHandoff {
-  bool enabled;
-
-  static constexpr int kThreads = kTransposeWarps * 32 + kConsumerThreads;
-
-  __device__ static int id(attention::PrefillBarrier b) {
-    return static_cast<int>(b);
-  }
-  // Writers: before and after writing a tile's scales.
-  __device__ void acquire() const {
-    if (enabled)
-      named_barrier_sync(id(attention::PrefillBarrier::kQScalesFree), kThreads);
-  }
-  __device__ void publish() const {
-    if (enabled)
-      named_barrier_arrive(id(attention::PrefillBarrier::kQScalesReady),
-                           kThreads);
-  }
-  // Readers: before and after reading them.
-  __device__ void wait() const {
-    if (enabled)
-      named_barrier_sync(id(attention::PrefillBarrier::kQScalesReady),
-                         kThreads);
-  }
-  __device__ void free() const {
-    if (enabled)
-      named_barrier_arrive(id(attention::PrefillBarrier::kQScalesFree),
-                           kThreads);
-  }
 };
 
 // A consumer warp is done with the buffer behind `bar`.
