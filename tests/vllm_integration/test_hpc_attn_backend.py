@@ -379,6 +379,7 @@ def _reasons(config: VllmConfig, head_size: int = 128, **kw) -> str:
         (dict(head_size=512), "head_size not supported"),
         (dict(dtype=torch.float32), "dtype not supported"),
         (dict(kv_cache_dtype="fp8_e5m2"), "kv_cache_dtype not supported"),
+        (dict(kv_cache_dtype="fp8_inc"), "kv_cache_dtype not supported"),
         (dict(has_sink=True), "attention sinks not supported"),
         (dict(use_mla=True), "MLA not supported"),
         (dict(attn_type="encoder_only"), "attention type encoder_only not supported"),
