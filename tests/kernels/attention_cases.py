@@ -21,6 +21,7 @@ from decode_reference import FP8_DTYPE, CacheLayout, PagedInputs, bitwise_equal
 
 BF16 = torch.bfloat16
 FP16 = torch.float16
+E5M2 = torch.float8_e5m2
 HEAD_SIZES = (64, 128, 256)
 BLOCK_SIZES = (16, 32, 64)
 LAYOUTS = (CacheLayout.SEPARATE, CacheLayout.STACKED, CacheLayout.HPC)
@@ -137,20 +138,13 @@ def cache_argument_cases(
     cache arguments: ``with_args(**changes)`` gives an op's arguments with
     ``changes``, ``cache(shape, dtype)`` a cache tensor of the baseline
     ``[blocks, block_size, kv_heads, head_size]``."""
-    return {
+    cases = {
         "block-size": (
             with_args(
                 key_cache=cache((blocks, 8, kv_heads, head_size)),
                 value_cache=cache((blocks, 8, kv_heads, head_size)),
             ),
             "block_size",
-        ),
-        "cache-dtype": (
-            with_args(
-                key_cache=cache(dtype=torch.float32),
-                value_cache=cache(dtype=torch.float32),
-            ),
-            "key_cache has dtype",
         ),
         "cache-dtype-mismatch": (
             with_args(value_cache=cache(dtype=torch.float16)),
@@ -169,3 +163,11 @@ def cache_argument_cases(
             "key_cache must be contiguous",
         ),
     }
+    # FP8 caches are E4M3 (the kernels' FP8 tensor-core path): E5M2 is
+    # refused like any other unsupported dtype.
+    for name, dtype in (("cache-dtype", torch.float32), ("cache-fp8-e5m2", E5M2)):
+        cases[name] = (
+            with_args(key_cache=cache(dtype=dtype), value_cache=cache(dtype=dtype)),
+            "key_cache has dtype",
+        )
+    return cases

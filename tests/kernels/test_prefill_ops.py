@@ -145,15 +145,7 @@ BAD_CASES = {
         "q has dtype",
     ),
     "q-fp8-on-bf16-cache": (_with(q=_t(TOKENS, HQ, D, dtype=FP8)), "q has dtype"),
-    # FP8 caches run on E4M3 tensor cores: E5M2 is refused, in the cache
-    # and in the queries.
-    "cache-fp8-e5m2": (
-        _with(
-            key_cache=_cache(dtype=torch.float8_e5m2),
-            value_cache=_cache(dtype=torch.float8_e5m2),
-        ),
-        "key_cache has dtype",
-    ),
+    # FP8 queries are E4M3, as the cache (attention_cases: cache-fp8-e5m2).
     "q-fp8-e5m2-on-fp8-cache": (
         _with(FP8, q=_t(TOKENS, HQ, D, dtype=torch.float8_e5m2)),
         "q has dtype",
