@@ -725,6 +725,10 @@ def test_mapped_tests_find_their_helpers(tmp_path: Path) -> None:
             "tests/kernels/hpc/test_hpc_attn_backend_gpu.py",
         ),
         (
+            "tests/vllm_integration/test_hpc_attn_backend_correctness_gpu.py",
+            "tests/kernels/hpc/test_hpc_attn_backend_correctness_gpu.py",
+        ),
+        (
             "tests/tools/test_benchmark_hpc_moe.py",
             "tests/benchmarks/test_benchmark_hpc_moe.py",
         ),
