@@ -5,4 +5,8 @@ namespace hpc {
 
 enum class ElemType : int { kBf16 = 0, kFp16 = 1, kFp8E4m3 = 2 };
 
+constexpr int elem_bytes(ElemType type) {
+  return type == ElemType::kFp8E4m3 ? 1 : 2;
+}
+
 }  // namespace hpc

@@ -7,7 +7,7 @@
 //    fragment wants k = 4t .. 4t + 3. Rather than move bytes between
 //    threads, the fragment keeps the accumulator's columns and the keys of
 //    V are permuted to match: k-position 16 h + 4 t + j of a 32-key block
-//    holds key 16 h + kKeyOfPosition[4 t + j] (prob_key_of_position).
+//    holds key 16 h + prob_key_of_position(4 t + j).
 //  * V^T: V arrives as [key][channel] rows (the cache's layout); PV needs
 //    [channel][key] rows. One warp transposes 16 keys x 32 channels per
 //    step: ldmatrix.trans on 16-bit pairs gives a thread the channel pair
@@ -29,7 +29,7 @@
 
 #include <cute/tensor.hpp>
 
-#include "common/sync.cuh"
+#include "common/cluster.cuh"
 
 namespace hpc {
 namespace attention {
@@ -38,20 +38,20 @@ constexpr float kE4m3Max = 448.f;
 
 // Byte offset of byte `byte` of row `row` in a tile of `rows` rows stored
 // as chunks of kRowBytes per row ([chunk][row][kRowBytes]), each 16-byte
-// unit XOR-ed with the row's place in its 1024-byte swizzle atom (the 128-,
-// 64- or 32-byte swizzle for kRowBytes 128, 64, 32).
+// unit XOR-ed with the row's place in its 1024-byte swizzle atom (the 128-
+// or 64-byte swizzle for kRowBytes 128 or 64).
 template <int kRowBytes>
 __host__ __device__ __forceinline__ int swizzled_offset(int row, int byte,
                                                         int rows) {
-  static_assert(kRowBytes == 32 || kRowBytes == 64 || kRowBytes == 128);
+  static_assert(kRowBytes == 64 || kRowBytes == 128);
   const int linear = (byte / kRowBytes) * (rows * kRowBytes) + row * kRowBytes +
                      byte % kRowBytes;
   constexpr int kMask = kRowBytes / 16 - 1;
   return linear ^ (((linear >> 7) & kMask) << 4);
 }
 
-// The key at k-position `pos` (0..15) of a 16-key group of the PV operand:
-// see the file comment. Tests and host code use it to state the layout.
+// The key at k-position `pos` (0..15) of a 16-key group of the PV operand
+// (see the file comment): the order the P fragment and V^T agree on.
 __host__ __device__ constexpr int prob_key_of_position(int pos) {
   return 8 * ((pos & 3) >> 1) + 2 * (pos >> 2) + (pos & 1);
 }
@@ -81,10 +81,6 @@ __device__ __forceinline__ void probabilities_to_e4m3(const FragS& s, Regs& a) {
       }
     }
   }
-}
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // V^T of a key tile, by kWarps warps: `src` holds kKeys keys of kHeadDim
@@ -117,10 +113,14 @@ class VTransposer {
                                               16 * (matrix >> 1), kKeys);
     dst_lane_ = swizzled_offset<kKeys>(
         16 * (matrix >> 1) + 2 * r + (matrix & 1), 0, kHeadDim);
-    // Bytes of a stored word: keys 2t, 2t + 1, 8 + 2t, 9 + 2t of the group.
+    // Byte b of a stored word: the key at k-position 4t + b of the group.
     const int t = lane % 4;
-    key_of_byte_ = (2 * t) | ((2 * t + 1) << 8) | ((8 + 2 * t) << 16) |
-                   ((9 + 2 * t) << 24);
+    key_of_byte_ = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      key_of_byte_ |= static_cast<uint32_t>(prob_key_of_position(4 * t + b))
+                      << (8 * b);
+    }
   }
 
   // By every lane of warp `warp` (0 .. kWarps - 1).

@@ -6,39 +6,26 @@
 #include "attention/common/paged_kv_tma.h"
 #include "attention/prefill/prefill.h"
 #include "common/device_info.h"
-#include "common/tma_desc.h"
 
 namespace hpc {
 namespace prefill {
 
 namespace {
 
-// Q as (channel, query head, token): one box is one chunk of channels (at
-// most 128 bytes) of the group's query heads for tile_tokens tokens,
-// landing as the tile's rows in (token, head) order with the chunk's
-// swizzle.
+// Q as (channel, query head, token): one box is one chunk of channels of
+// the group's query heads for tile_tokens tokens, landing as the tile's rows
+// in (token, head) order.
 CUtensorMap query_map(const void* q, ElemType type, int64_t token_stride,
                       int64_t head_stride, int num_tokens, int num_q_heads,
                       int head_dim, int group, int tile_tokens) {
-  const int elem_bytes = type == ElemType::kFp8E4m3 ? 1 : 2;
-  const int row_bytes = attention::paged_chunk_row_bytes(head_dim, type);
   const uint64_t dims[4] = {static_cast<uint64_t>(head_dim),
                             static_cast<uint64_t>(num_q_heads),
                             static_cast<uint64_t>(num_tokens), 1};
-  const uint64_t strides[3] = {
-      static_cast<uint64_t>(head_stride) * elem_bytes,
-      static_cast<uint64_t>(token_stride) * elem_bytes,
-      static_cast<uint64_t>(token_stride) * elem_bytes * num_tokens};
-  const uint32_t box[4] = {static_cast<uint32_t>(row_bytes / elem_bytes),
-                           static_cast<uint32_t>(group),
-                           static_cast<uint32_t>(tile_tokens), 1};
-  const CUtensorMapDataType dtype =
-      type == ElemType::kFp8E4m3 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-      : type == ElemType::kBf16  ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  return make_tensor_map_4d(q, dtype, dims, strides, box,
-                            row_bytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
-                                             : CU_TENSOR_MAP_SWIZZLE_64B);
+  const int64_t strides[3] = {head_stride, token_stride,
+                              token_stride * num_tokens};
+  return attention::head_chunk_map(q, type, dims, strides,
+                                   static_cast<uint32_t>(group),
+                                   static_cast<uint32_t>(tile_tokens));
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <cute/tensor.hpp>
 
 #include "attention/common/online_softmax.cuh"
+#include "attention/prefill/prefill_params.h"
 #include "attention/prefill/prefill_pipeline.cuh"
 #include "attention/prefill/prefill_plan.h"
 
@@ -38,13 +39,12 @@ constexpr int kSmemPerSm = 227 * 1024;
 // CTA per SM) and hands between its warpgroups.
 constexpr int kCtaRegisters = 168 * kPrefillThreads;
 
-// The K-major shared-memory atom of rows of kRowBytes bytes (the swizzle of
-// the copies that fill it).
+// The K-major shared-memory atom of rows of kRowBytes bytes, 128 or 64 (the
+// swizzle of the copies that fill it).
 template <class Element, int kRowBytes>
-using KMajorAtom = std::conditional_t<
-    kRowBytes == 128, cute::GMMA::Layout_K_SW128_Atom<Element>,
-    std::conditional_t<kRowBytes == 64, cute::GMMA::Layout_K_SW64_Atom<Element>,
-                       cute::GMMA::Layout_K_SW32_Atom<Element>>>;
+using KMajorAtom = std::conditional_t<kRowBytes == 128,
+                                      cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
 
 // The PV operand over the V stages, (channel, key, stage). 16-bit: the same
 // bytes as the K layout's (key, channel, stage), MN-major (keys tile first,
@@ -81,6 +81,7 @@ struct PrefillConfig {
   static constexpr int kChunkElems = kRowBytes / kElemBytes;
   static constexpr int kChunks = kHeadDim / kChunkElems;
   static_assert(kHeadDim % 64 == 0, "head size: a multiple of 64");
+  static_assert(kRowBytes == 64 || kRowBytes == 128, "64- or 128-byte rows");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kStageBytes = kBlockN * kHeadDim * kElemBytes;
@@ -117,6 +118,12 @@ struct PrefillConfig {
   // The tiles, 1024-byte aligned for the swizzle.
   static constexpr int kSmemBytes = kTileBytes + 1024;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory");
+
+  // FP8 caches with 16-bit queries: the transposing warps write the Q tile
+  // from the staging tile, with one scale per row.
+  __device__ static bool quantizes_queries(const PrefillParams& p) {
+    return kFp8 && p.q_type != ElemType::kFp8E4m3;
+  }
 
   using Barriers = PipelineBarriers<kStages, kVStages, kRawSlots>;
   using Pipeline = PipelineState<kStages, kVStages, kRawSlots>;

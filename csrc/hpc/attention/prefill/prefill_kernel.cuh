@@ -46,10 +46,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
     prefetch_tma_descriptor(&src.q_map);
     prefetch_tma_descriptor(&src.k_map);
     prefetch_tma_descriptor(&src.v_map);
-    // Queries quantized in the kernel (FP8 caches, 16-bit queries): the
-    // transposing warps write the Q tile.
-    const bool quantize_q = Config::kFp8 && p.q_type != ElemType::kFp8E4m3;
-    bar.init(quantize_q ? kTransposeWarps : 1,
+    bar.init(Config::quantizes_queries(p) ? kTransposeWarps : 1,
              Config::kFp8 ? kTransposeWarps : 1);
     cutlass::arch::fence_barrier_init();
   }

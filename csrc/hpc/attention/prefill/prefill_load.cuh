@@ -60,7 +60,7 @@ struct QueryCopy {
 
   __device__ QueryCopy(const PrefillParams& p, uint8_t* smem,
                        typename Config::Barriers& b) {
-    const bool staged = Config::kFp8 && p.q_type != ElemType::kFp8E4m3;
+    const bool staged = Config::quantizes_queries(p);
     dst = smem + (staged ? Config::kQStagingOffset : 0);
     bar = staged ? &b.q_staged : &b.q_full;
     row_bytes = staged ? 128 : Config::kRowBytes;
@@ -153,16 +153,20 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
   constexpr int kLanesPerRow = kHeadDim / 16;  // quantize_rows_e4m3
   const int warp = threadIdx.x / 32 - 1;
   const int tid = threadIdx.x - 32;
-  const bool quantize_q = p.q_type != ElemType::kFp8E4m3;
   float* q_scale = reinterpret_cast<float*>(smem + Config::kQScaleOffset);
   const attention::VTransposer<kBlockN, kHeadDim, Config::kRowBytes,
                                kTransposeWarps>
       transpose;
-  // Generic-proxy writes, read by wgmma through the async proxy.
-  auto arrive = [&](uint64_t* full) {
+  // Generic-proxy writes, read by wgmma through the async proxy; one lane
+  // of the warpgroup adds the transaction bytes other stores complete.
+  auto arrive = [&](uint64_t* full, uint32_t tx_bytes) {
     cutlass::arch::fence_view_async_shared();
     __syncwarp();
-    if (tid % 32 == 0) FullBarrier::arrive(full);
+    if (tid == 0 && tx_bytes > 0) {
+      FullBarrier::arrive_and_expect_tx(full, tx_bytes);
+    } else if (tid % 32 == 0) {
+      FullBarrier::arrive(full);
+    }
   };
 
   TileScheduler<kBlockN> scheduler(p);
@@ -170,7 +174,7 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
   typename Config::Pipeline pos;
   while (scheduler.next(w)) {
     if (w.empty()) continue;
-    if (quantize_q) {
+    if (Config::quantizes_queries(p)) {
       // The staged copy was issued once the consumers released the
       // previous tile's Q and scales.
       FullBarrier::wait(&bar.q_staged, pos.q_phase);
@@ -181,13 +185,7 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
           p.q_type == ElemType::kBf16, rows, tid / kLanesPerRow,
           kTransposeWarps * 32 / kLanesPerRow);
       // The Q tile's barrier also counts the scales' bytes.
-      cutlass::arch::fence_view_async_shared();
-      __syncwarp();
-      if (tid == 0) {
-        FullBarrier::arrive_and_expect_tx(&bar.q_full, 4 * rows);
-      } else if (tid % 32 == 0) {
-        FullBarrier::arrive(&bar.q_full);
-      }
+      arrive(&bar.q_full, 4 * rows);
     }
     pos.q_phase ^= 1;
 
@@ -199,7 +197,7 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
       transpose(smem + Config::kRawOffset + r * Config::kStageBytes,
                 smem + Config::kVOffset + s * Config::kStageBytes,
                 w.kv_len - n * kBlockN, warp);
-      arrive(&bar.v_full[s]);
+      arrive(&bar.v_full[s], 0);
       // This warp has read the raw tile (its lanes' loads fed the stores).
       if (tid % 32 == 0) EmptyBarrier::arrive(&bar.raw_empty[r]);
       pos.v.advance();

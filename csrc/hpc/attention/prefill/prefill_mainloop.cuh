@@ -249,7 +249,7 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   softmax.reset();
   FullBarrier::wait(&bar.q_full, pos.q_phase);
   pos.q_phase ^= 1;
-  if (Config::kFp8 && p.q_type != ElemType::kFp8E4m3) {
+  if (Config::quantizes_queries(p)) {
     // Landed with the tile (q_full counts their bytes).
     const float* q_scale =
         reinterpret_cast<const float*>(smem + Config::kQScaleOffset);
