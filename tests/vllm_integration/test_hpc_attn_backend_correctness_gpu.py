@@ -15,8 +15,8 @@ also 64, the size HPC_ATTN prefers.
 vLLM 0.33.0's harness simulates tensor parallelism by updating the HF config
 after ``ModelConfig`` has derived its head counts, so its tensor parallel 2
 and 4 cases run Qwen3-0.6B's full 16 query / 8 KV heads again.
-``test_causal_backend_correctness_rank_heads`` runs the heads one rank has
-(8/4 and 4/2) as models of their own.
+Its ``-rank`` cases run the heads one rank has (8/4 and 4/2) as models of
+their own.
 
 vLLM's tests are not in its wheel. In a vLLM checkout the checkout's own
 ``tests/`` is used; elsewhere ``VLLM_SDIST`` names vLLM 0.33.0's source
@@ -451,14 +451,20 @@ def _run_harness(
     )
 
 
-BLOCK_SIZES = pytest.mark.parametrize("block_size", [16, 64], ids=["bs16", "bs64"])
+# (tensor parallel size passed to the harness, model heads of that many
+# ranks): vLLM's cases, then the heads one rank has at tensor parallel 2
+# and 4 (8/4 and 4/2) with the harness told tensor parallel 1.
+HARNESS_CASES = [
+    *[pytest.param(tp, 1, id=f"tp{tp}") for tp in TENSOR_PARALLEL_SIZES],
+    *[pytest.param(1, tp, id=f"tp{tp}-rank") for tp in TENSOR_PARALLEL_SIZES[1:]],
+]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch_spec_name", CAUSAL_BATCH_SPECS)
-@pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES)
+@pytest.mark.parametrize(("tensor_parallel_size", "model_ranks"), HARNESS_CASES)
 @pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
-@BLOCK_SIZES
+@pytest.mark.parametrize("block_size", [16, 64], ids=["bs16", "bs64"])
 def test_causal_backend_correctness(
     default_vllm_config: VllmConfig,
     vllm_harness: ModuleType,
@@ -466,40 +472,17 @@ def test_causal_backend_correctness(
     block_size: int,
     kv_cache_dtype: str,
     tensor_parallel_size: int,
+    model_ranks: int,
     batch_spec_name: str,
 ) -> None:
-    """vLLM's test_causal_backend_correctness, HPC_ATTN as the backend."""
+    """vLLM's test_causal_backend_correctness, HPC_ATTN as the backend; the
+    ``-rank`` cases on the heads of one rank, which vLLM 0.33.0's harness
+    means to run at tensor parallel 2 and 4 but does not."""
     _run_harness(
         vllm_harness,
-        qwen3_models[1],
+        qwen3_models[model_ranks],
         batch_spec_name,
         block_size,
         tensor_parallel_size,
-        kv_cache_dtype,
-    )
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("batch_spec_name", CAUSAL_BATCH_SPECS)
-@pytest.mark.parametrize("tensor_parallel_size", TENSOR_PARALLEL_SIZES[1:])
-@pytest.mark.parametrize("kv_cache_dtype", KV_CACHE_DTYPES)
-@BLOCK_SIZES
-def test_causal_backend_correctness_rank_heads(
-    default_vllm_config: VllmConfig,
-    vllm_harness: ModuleType,
-    qwen3_models: dict[int, str],
-    block_size: int,
-    kv_cache_dtype: str,
-    tensor_parallel_size: int,
-    batch_spec_name: str,
-) -> None:
-    """The same on the heads of one rank at tensor parallel 2 and 4 (8/4
-    and 4/2), which vLLM 0.33.0's harness means to run but does not."""
-    _run_harness(
-        vllm_harness,
-        qwen3_models[tensor_parallel_size],
-        batch_spec_name,
-        block_size,
-        1,
         kv_cache_dtype,
     )
