@@ -1,6 +1,5 @@
 // Thread-block cluster primitives: shared::cluster addresses, mbarrier
-// arrivals and stores that complete on an mbarrier (DSMEM), and a
-// cluster-scope acquiring wait.
+// arrivals (DSMEM) and a cluster-scope acquiring wait.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,20 +11,6 @@ namespace hpc {
 // The shared::cta address of `ptr` (this CTA's shared memory).
 __device__ __forceinline__ uint32_t smem_address(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
-// Stores `value` at `dst` (this CTA's shared memory) through the async
-// proxy, counting its 4 bytes as a transaction of the mbarrier `bar`: a
-// thread that sees the barrier's phase complete sees the value, as it sees
-// the bytes of a bulk copy. (A shared::cta address is this CTA's
-// shared::cluster address.)
-__device__ __forceinline__ void store_async_counted(float* dst, float value,
-                                                    uint64_t* bar) {
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, "
-      "[%2];" ::"r"(smem_address(dst)),
-      "r"(__float_as_uint(value)), "r"(smem_address(bar))
-      : "memory");
 }
 
 // The address of `ptr` (this CTA's shared memory) in the shared memory of

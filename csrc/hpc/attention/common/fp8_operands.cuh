@@ -197,65 +197,111 @@ class VTransposer {
   uint32_t key_of_byte_;
 };
 
-// Rows [0, rows) of a 16-bit tile (bf16 when `bf16`, else fp16) of
-// kHeadDim channels, stored [chunk][row][128 bytes] over kTileRows rows,
-// quantized to E4M3 per row with scale amax / 448 into `dst` ([chunk][row]
-// [kDstRowBytes] over kTileRows rows); the scales go to `row_scale[row]`
-// by async stores that complete 4 bytes each on `scale_bar`, the barrier
-// the readers of the tile wait on (its expected bytes must count them).
-// Each row is split over kHeadDim / 16 consecutive lanes of 16 channels
-// (one 16-byte E4M3 unit each); lane group `group` of `groups` takes rows
-// group, group + groups, ... Every lane of a warp takes part in each step
-// (the row's amax is a shuffle).
-template <int kHeadDim, int kTileRows, int kDstRowBytes>
-__device__ __forceinline__ void quantize_rows_e4m3(
-    const uint8_t* src, uint8_t* dst, float* row_scale, uint64_t* scale_bar,
-    bool bf16, int rows, int group, int groups) {
-  constexpr int kLanesPerRow = kHeadDim / 16;
-  static_assert(kLanesPerRow <= 32 && 32 % kLanesPerRow == 0);
-  const int part = threadIdx.x % kLanesPerRow;
-#pragma unroll 1
-  for (int base = 0; base < rows; base += groups) {
-    const int row = min(base + group, kTileRows - 1);
-    float x[16];
+// The eight 16-bit values (bf16 when `bf16`, else fp16) of a 16-byte unit,
+// widened to float into x[0..7].
+__device__ __forceinline__ void unpack_16bit_unit(const uint4& raw, bool bf16,
+                                                  float* x) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(
-          src + swizzled_offset<128>(row, 32 * part + 16 * u, kTileRows));
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f =
-            bf16 ? __bfloat1622float2(
-                       *reinterpret_cast<const __nv_bfloat162*>(&words[i]))
-                 : __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
-        x[8 * u + 2 * i] = f.x;
-        x[8 * u + 2 * i + 1] = f.y;
-      }
-    }
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
-#pragma unroll
-    for (int lanes = 1; lanes < kLanesPerRow; lanes *= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, lanes));
-    }
-    if (base + group >= rows) continue;
-    const float inv = amax > 0.f ? kE4m3Max / amax : 0.f;
-    uint32_t q[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      q[i] = e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv) |
-             (e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv) << 16);
-    }
-    *reinterpret_cast<uint4*>(
-        dst + swizzled_offset<kDstRowBytes>(row, 16 * part, kTileRows)) =
-        make_uint4(q[0], q[1], q[2], q[3]);
-    if (part == 0) {
-      store_async_counted(&row_scale[row], amax / kE4m3Max, scale_bar);
-    }
+  for (int i = 0; i < 4; ++i) {
+    const float2 f =
+        bf16 ? __bfloat1622float2(
+                   *reinterpret_cast<const __nv_bfloat162*>(&words[i]))
+             : __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
   }
 }
+
+// The largest |x| of a row whose parts are spread over kLanes consecutive
+// lanes (each passing the largest of its own part). Every lane of the warp
+// takes part.
+template <int kLanes>
+__device__ __forceinline__ float row_abs_max(float part_max) {
+  static_assert(kLanes <= 32 && 32 % kLanes == 0);
+#pragma unroll
+  for (int lanes = 1; lanes < kLanes; lanes *= 2) {
+    part_max = fmaxf(part_max, __shfl_xor_sync(0xffffffffu, part_max, lanes));
+  }
+  return part_max;
+}
+
+// The layout of 16-bit query rows quantized per row to E4M3 (scale
+// amax / 448): a tile of kHeadDim channels stored [chunk of 64][row][128
+// bytes] over kTileRows rows (the staging tile the copies fill). The
+// quantizing warps and the readers of the quantized tile each derive a
+// row's scale from it, by the same rule, so no scale changes hands.
+template <int kHeadDim, int kTileRows>
+struct StagedRows16 {
+  static_assert(kHeadDim % 64 == 0);
+
+  // The offset of channel `c` (a multiple of 8) of row `row`.
+  __device__ static int offset(int row, int c) {
+    return swizzled_offset<128>(row, 2 * c, kTileRows);
+  }
+
+  // The scale of row `row`, from kLanes consecutive lanes that each read
+  // kHeadDim / kLanes channels (`part` = lane % kLanes). Every lane of the
+  // warp takes part.
+  template <int kLanes>
+  __device__ static float row_scale(const uint8_t* src, int row, int part,
+                                    bool bf16) {
+    constexpr int kUnits = kHeadDim / kLanes / 8;
+    static_assert(kUnits >= 1 && kHeadDim % (8 * kLanes) == 0);
+    float amax = 0.f;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      float x[8];
+      unpack_16bit_unit(*reinterpret_cast<const uint4*>(
+                            src + offset(row, 8 * (kUnits * part + u))),
+                        bf16, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    }
+    return row_abs_max<kLanes>(amax) / kE4m3Max;
+  }
+
+  // Rows [0, rows) quantized into `dst` ([chunk][row][kDstRowBytes] over
+  // kTileRows rows) by `threads` threads (whole warps; this one is
+  // `thread`). Each row is split over kHeadDim / 16 consecutive lanes of 16
+  // channels (one 16-byte E4M3 unit each); lane group g takes rows g,
+  // g + groups, ... Every lane of a warp takes part in each step.
+  template <int kDstRowBytes>
+  __device__ static void quantize(const uint8_t* src, uint8_t* dst, bool bf16,
+                                  int rows, int thread, int threads) {
+    constexpr int kLanesPerRow = kHeadDim / 16;
+    const int part = thread % kLanesPerRow;
+    const int group = thread / kLanesPerRow;
+    const int groups = threads / kLanesPerRow;
+#pragma unroll 1
+    for (int base = 0; base < rows; base += groups) {
+      const int row = min(base + group, kTileRows - 1);
+      float x[16];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        unpack_16bit_unit(*reinterpret_cast<const uint4*>(
+                              src + offset(row, 16 * part + 8 * u)),
+                          bf16, &x[8 * u]);
+      }
+      float amax = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+      amax = row_abs_max<kLanesPerRow>(amax);
+      if (base + group >= rows) continue;
+      // The readers' scale is amax / 448: the same amax, so the same scale.
+      const float inv = amax > 0.f ? kE4m3Max / amax : 0.f;
+      uint32_t q[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        q[i] = e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv) |
+               (e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv) << 16);
+      }
+      *reinterpret_cast<uint4*>(
+          dst + swizzled_offset<kDstRowBytes>(row, 16 * part, kTileRows)) =
+          make_uint4(q[0], q[1], q[2], q[3]);
+    }
+  }
+};
 
 }  // namespace attention
 }  // namespace hpc

@@ -25,6 +25,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
 
+#include "attention/common/fp8_operands.cuh"
 #include "attention/common/online_softmax.cuh"
 #include "attention/prefill/prefill_params.h"
 #include "attention/prefill/prefill_pipeline.cuh"
@@ -86,17 +87,16 @@ struct PrefillConfig {
   static constexpr int kQBytes = kBlockM * kHeadDim * kElemBytes;
   static constexpr int kStageBytes = kBlockN * kHeadDim * kElemBytes;
   // FP8 only: 16-bit queries land in a staging tile ([chunk of 64][row]
-  // [128 bytes]) and are quantized into the Q tile with one scale per row;
-  // V lands in a ring of raw tiles ([chunk][key][kRowBytes]) that producer
-  // warps transpose into the V stages.
+  // [128 bytes], StagedRows16) and are quantized into the Q tile with one
+  // scale per row, which the consumers derive from the staging tile; V lands in
+  // a ring of raw tiles ([chunk][key][kRowBytes]) that producer warps transpose
+  // into the V stages.
   static constexpr int kQStagingBytes = kFp8 ? kBlockM * kHeadDim * 2 : 0;
-  static constexpr int kQScaleBytes = kFp8 ? kBlockM * 4 : 0;
   // Stages of kStageBytes that fit beside Q: K and V stages, and for FP8
   // three V^T stages (the transposition runs a tile or two ahead of the
   // consumers) with the rest as raw V tiles (the copies in flight).
   static constexpr int kSlots =
-      (kSmemPerSm - 2048 - kQBytes - kQStagingBytes - kQScaleBytes) /
-      kStageBytes;
+      (kSmemPerSm - 2048 - kQBytes - kQStagingBytes) / kStageBytes;
   static constexpr int kVtStages = 3;
   static constexpr int kMaxStages = 4;
   static constexpr int kMaxRawSlots = 4;
@@ -113,8 +113,7 @@ struct PrefillConfig {
   static constexpr int kKOffset = kQStagingOffset + kQStagingBytes;
   static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
   static constexpr int kRawOffset = kVOffset + kVStages * kStageBytes;
-  static constexpr int kQScaleOffset = kRawOffset + kRawSlots * kStageBytes;
-  static constexpr int kTileBytes = kQScaleOffset + kQScaleBytes;
+  static constexpr int kTileBytes = kRawOffset + kRawSlots * kStageBytes;
   // The tiles, 1024-byte aligned for the swizzle.
   static constexpr int kSmemBytes = kTileBytes + 1024;
   static_assert(kSmemBytes + 1024 <= kSmemPerSm, "shared memory");
@@ -124,6 +123,7 @@ struct PrefillConfig {
   __device__ static bool quantizes_queries(const PrefillParams& p) {
     return kFp8 && p.q_type != ElemType::kFp8E4m3;
   }
+  using StagedQ = attention::StagedRows16<kHeadDim, kBlockM>;
 
   using Barriers = PipelineBarriers<kStages, kVStages, kRawSlots>;
   using Pipeline = PipelineState<kStages, kVStages, kRawSlots>;

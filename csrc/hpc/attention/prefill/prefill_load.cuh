@@ -142,31 +142,23 @@ __device__ void load_tiles(const PrefillParams& p, const PrefillSources& src,
 }
 
 // FP8 caches, producer warps 1..3: 16-bit queries quantized per row into
-// the Q tile (scales beside it), and every raw V tile transposed into its V
-// stage.
+// the Q tile, and every raw V tile transposed into its V stage.
 template <class Config>
 __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
                                 typename Config::Barriers& bar) {
   static_assert(Config::kFp8);
   constexpr int kBlockN = Config::kBlockN;
   constexpr int kHeadDim = Config::kHeadDim;
-  constexpr int kLanesPerRow = kHeadDim / 16;  // quantize_rows_e4m3
   const int warp = threadIdx.x / 32 - 1;
   const int tid = threadIdx.x - 32;
-  float* q_scale = reinterpret_cast<float*>(smem + Config::kQScaleOffset);
   const attention::VTransposer<kBlockN, kHeadDim, Config::kRowBytes,
                                kTransposeWarps>
       transpose;
-  // Generic-proxy writes, read by wgmma through the async proxy; one lane
-  // of the warpgroup adds the transaction bytes other stores complete.
-  auto arrive = [&](uint64_t* full, uint32_t tx_bytes) {
+  // Generic-proxy writes, read by wgmma through the async proxy.
+  auto arrive = [&](uint64_t* full) {
     cutlass::arch::fence_view_async_shared();
     __syncwarp();
-    if (tid == 0 && tx_bytes > 0) {
-      FullBarrier::arrive_and_expect_tx(full, tx_bytes);
-    } else if (tid % 32 == 0) {
-      FullBarrier::arrive(full);
-    }
+    if (tid % 32 == 0) FullBarrier::arrive(full);
   };
 
   TileScheduler<kBlockN> scheduler(p);
@@ -176,16 +168,12 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
     if (w.empty()) continue;
     if (Config::quantizes_queries(p)) {
       // The staged copy was issued once the consumers released the
-      // previous tile's Q and scales.
+      // previous tile's Q and staged queries.
       FullBarrier::wait(&bar.q_staged, pos.q_phase);
-      const int rows = p.group * p.tile_tokens;
-      attention::quantize_rows_e4m3<kHeadDim, Config::kBlockM,
-                                    Config::kRowBytes>(
-          smem + Config::kQStagingOffset, smem, q_scale, &bar.q_full,
-          p.q_type == ElemType::kBf16, rows, tid / kLanesPerRow,
-          kTransposeWarps * 32 / kLanesPerRow);
-      // The Q tile's barrier also counts the scales' bytes.
-      arrive(&bar.q_full, 4 * rows);
+      Config::StagedQ::template quantize<Config::kRowBytes>(
+          smem + Config::kQStagingOffset, smem, p.q_type == ElemType::kBf16,
+          p.group * p.tile_tokens, tid, kTransposeWarps * 32);
+      arrive(&bar.q_full);
     }
     pos.q_phase ^= 1;
 
@@ -197,7 +185,7 @@ __device__ void transpose_tiles(const PrefillParams& p, uint8_t* smem,
       transpose(smem + Config::kRawOffset + r * Config::kStageBytes,
                 smem + Config::kVOffset + s * Config::kStageBytes,
                 w.kv_len - n * kBlockN, warp);
-      arrive(&bar.v_full[s], 0);
+      arrive(&bar.v_full[s]);
       // This warp has read the raw tile (its lanes' loads fed the stores).
       if (tid % 32 == 0) EmptyBarrier::arrive(&bar.raw_empty[r]);
       pos.v.advance();

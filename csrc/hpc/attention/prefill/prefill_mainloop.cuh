@@ -9,8 +9,8 @@
 //   wait O; release V[n + 1]; O *= alpha; P -> MMA type
 // Only key tiles that are not interior to the query tile's visible range
 // (mask.h: the diagonal, the sequence's end, a window's start) are masked.
-// FP8 caches: P is rounded to E4M3 (fp8_operands.cuh) and queries
-// quantized in the kernel bring their row scales from shared memory.
+// FP8 caches: P is rounded to E4M3 (fp8_operands.cuh); queries quantized
+// in the kernel take their row scales from the staging tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -247,17 +247,21 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   };
 
   softmax.reset();
-  FullBarrier::wait(&bar.q_full, pos.q_phase);
-  pos.q_phase ^= 1;
   if (Config::quantizes_queries(p)) {
-    // Landed with the tile (q_full counts their bytes).
-    const float* q_scale =
-        reinterpret_cast<const float*>(smem + Config::kQScaleOffset);
+    // The scales the transposing warps quantize with, read from the staging
+    // tile while they quantize (it is released with the Q tile, below). A
+    // quad of lanes holds a row.
+    FullBarrier::wait(&bar.q_staged, pos.q_phase);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      rows.set_logit(p, h, rows.logit[h] * q_scale[rows.tile_row[h]]);
+      const float q_scale = Config::StagedQ::template row_scale<4>(
+          smem + Config::kQStagingOffset, rows.tile_row[h], tid % 4,
+          p.q_type == ElemType::kBf16);
+      rows.set_logit(p, h, rows.logit[h] * q_scale);
     }
   }
+  FullBarrier::wait(&bar.q_full, pos.q_phase);
+  pos.q_phase ^= 1;
 
   // First key tile (the last one of the range). `pv`: the V stage of the
   // key tile whose O += P V is pending.
@@ -308,7 +312,8 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
     pos.k.advance();
     pos.v.advance();
   }
-  // Every S = Q K^T of the tile is done: the next tile's Q may come.
+  // Every S = Q K^T of the tile is done: the next tile's Q (and staged
+  // queries) may come.
   release(&bar.q_empty);
   FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
   turns.take();
