@@ -58,8 +58,9 @@ REFERENCE_CHUNK_ELEMENTS = 1 << 26
 
 # 16-bit queries over an FP8 cache are E4M3 values times 2**-7, the largest
 # magnitude of every (token, head) row being exactly 448 * 2**-7 = 3.5. A
-# kernel that quantises them with an amax / 448 scale (per row, per token or
-# per tensor) gets the scale 2**-7 and the same E4M3 values back exactly, and
+# kernel that quantises them with an amax / 448 scale or its power-of-two
+# ceiling (per row, per token or per tensor) gets the scale 2**-7 and the
+# same E4M3 values back exactly, and
 # bf16 and fp16 hold them exactly, so the reference and the kernel use the
 # same query values whichever way the kernel takes them.
 Q_FP8_GRID = 2.0**-7

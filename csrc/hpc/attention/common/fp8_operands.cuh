@@ -14,8 +14,10 @@
 //    (2c, 2c + 1) of keys (2t, 2t + 1) and of (8 + 2t, 9 + 2t), two byte
 //    permutes give each channel's four keys in the permuted order above,
 //    and stmatrix writes them as channel rows.
-//  * 16-bit rows quantized per row to E4M3 with an amax / 448 scale (Q of
-//    models whose queries are not FP8).
+//  * 16-bit rows quantized per row to E4M3 with a power-of-two scale (Q of
+//    models whose queries are not FP8): values round as a cast to E4M3
+//    rounds them (what vLLM's FP8 attention paths and their tests do),
+//    while rows far from E4M3's range neither saturate nor go subnormal.
 //
 // Tiles are [chunk][row][kRowBytes] with the kRowBytes swizzle of the TMA
 // copies and of the wgmma layouts (swizzled_offset).
@@ -226,8 +228,21 @@ __device__ __forceinline__ float row_abs_max(float part_max) {
   return part_max;
 }
 
-// The layout of 16-bit query rows quantized per row to E4M3 (scale
-// amax / 448): a tile of kHeadDim channels stored [chunk of 64][row][128
+// The scale of a row quantized to E4M3 whose largest |x| is `amax`: the
+// smallest power of two at least amax / 448 (0 for a zero row). Scaling by
+// a power of two commutes with rounding, so x / scale rounds to the E4M3
+// value of x itself, times 1 / scale.
+__device__ __forceinline__ float e4m3_row_scale(float amax) {
+  if (!(amax > 0.f)) return 0.f;
+  const uint32_t bits =
+      __float_as_uint(fmaxf(amax / kE4m3Max, 1.17549435e-38f));
+  // The exponent, raised by one unless the mantissa is zero.
+  const uint32_t exponent = (bits >> 23) + ((bits & 0x7fffffu) != 0);
+  return __uint_as_float(exponent << 23);
+}
+
+// The layout of 16-bit query rows quantized per row to E4M3
+// (e4m3_row_scale): a tile of kHeadDim channels stored [chunk of 64][row][128
 // bytes] over kTileRows rows (the staging tile the copies fill). The
 // quantizing warps and the readers of the quantized tile each derive a
 // row's scale from it, by the same rule, so no scale changes hands.
@@ -258,7 +273,7 @@ struct StagedRows16 {
 #pragma unroll
       for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(x[i]));
     }
-    return row_abs_max<kLanes>(amax) / kE4m3Max;
+    return e4m3_row_scale(row_abs_max<kLanes>(amax));
   }
 
   // Rows [0, rows) quantized into `dst` ([chunk][row][kDstRowBytes] over
@@ -288,8 +303,10 @@ struct StagedRows16 {
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
       amax = row_abs_max<kLanesPerRow>(amax);
       if (base + group >= rows) continue;
-      // The readers' scale is amax / 448: the same amax, so the same scale.
-      const float inv = amax > 0.f ? kE4m3Max / amax : 0.f;
+      // The readers derive the same scale from the same amax. A power of
+      // two: its inverse is exact.
+      const float scale = e4m3_row_scale(amax);
+      const float inv = scale > 0.f ? 1.f / scale : 0.f;
       uint32_t q[4];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
