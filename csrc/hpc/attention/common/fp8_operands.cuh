@@ -31,26 +31,13 @@
 
 #include <cute/tensor.hpp>
 
+#include "attention/common/swizzle.h"
 #include "common/cluster.cuh"
 
 namespace hpc {
 namespace attention {
 
 constexpr float kE4m3Max = 448.f;
-
-// Byte offset of byte `byte` of row `row` in a tile of `rows` rows stored
-// as chunks of kRowBytes per row ([chunk][row][kRowBytes]), each 16-byte
-// unit XOR-ed with the row's place in its 1024-byte swizzle atom (the 128-
-// or 64-byte swizzle for kRowBytes 128 or 64).
-template <int kRowBytes>
-__host__ __device__ __forceinline__ int swizzled_offset(int row, int byte,
-                                                        int rows) {
-  static_assert(kRowBytes == 64 || kRowBytes == 128);
-  const int linear = (byte / kRowBytes) * (rows * kRowBytes) + row * kRowBytes +
-                     byte % kRowBytes;
-  constexpr int kMask = kRowBytes / 16 - 1;
-  return linear ^ (((linear >> 7) & kMask) << 4);
-}
 
 // The key at k-position `pos` (0..15) of a 16-key group of the PV operand
 // (see the file comment): the order the P fragment and V^T agree on.

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "attention/decode/decode_params.h"
+#include "attention/decode/decode_plan.h"
 #include "common/sync.cuh"
 
 namespace hpc {
@@ -122,18 +123,16 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
 // thread, kPieces pieces per batch: all kElems x kPieces loads of a batch
 // are issued before the first use, so each thread keeps that many in flight.
 template <int kElems, int kPieces, int kThreads>
-__device__ __forceinline__ void merge_elements(const DecodeParams& p, int unit,
-                                               int first, int pieces,
-                                               int head_dim,
-                                               const float* row_ref,
-                                               const float* row_inv) {
+__device__ __forceinline__ void merge_elements(
+    const DecodeParams& p, int unit, int first, int pieces, int head_dim,
+    const float* row_ref, const float* row_inv, int thread) {
   const int quads = head_dim / 4;
   const int elems = p.rows * quads;
   const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows;
   const float* partial =
       p.partial_out + static_cast<int64_t>(first) * p.rows * head_dim;
   const int64_t piece_stride = static_cast<int64_t>(p.rows) * head_dim;
-  for (int e0 = threadIdx.x; e0 < elems; e0 += kThreads * kElems) {
+  for (int e0 = thread; e0 < elems; e0 += kThreads * kElems) {
     int row[kElems], quad[kElems];
     float4 acc[kElems];
 #pragma unroll
@@ -186,15 +185,15 @@ __device__ __forceinline__ void merge_elements(const DecodeParams& p, int unit,
 // per row), then the weighted sum, element-parallel; each element is summed
 // in piece order. Partials are read through L2 (other CTAs wrote them).
 // `row_stats` is shared memory for 2 x rows floats; `barrier` a named
-// barrier of the kThreads threads.
+// barrier of the kThreads threads, `thread` this one's index among them.
 template <int kThreads>
 __device__ __forceinline__ void merge_split_unit(const DecodeParams& p,
                                                  int unit, int first,
                                                  int pieces, int head_dim,
-                                                 float* row_stats,
-                                                 int barrier) {
+                                                 float* row_stats, int barrier,
+                                                 int thread) {
   constexpr int kBatch = 8;
-  const int row = threadIdx.x;
+  const int row = thread;
   if (row < p.rows) {
     const float* lse =
         p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
@@ -223,10 +222,65 @@ __device__ __forceinline__ void merge_split_unit(const DecodeParams& p,
   // Few elements per thread (few rows): go deep in pieces; many: go wide.
   if (p.rows * (head_dim / 4) <= 2 * kThreads) {
     merge_elements<2, 8, kThreads>(p, unit, first, pieces, head_dim, row_stats,
-                                   row_stats + kMaxRows);
+                                   row_stats + kMaxRows, thread);
   } else {
     merge_elements<4, 4, kThreads>(p, unit, first, pieces, head_dim, row_stats,
-                                   row_stats + kMaxRows);
+                                   row_stats + kMaxRows, thread);
+  }
+}
+
+// Units with no KV at all get no work item; their rows are zeroed, spread
+// over the grid by `threads` threads of each CTA (this one is `thread`).
+__device__ __forceinline__ void zero_empty_units(const DecodeParams& p,
+                                                 int head_dim, int thread,
+                                                 int threads) {
+  const int num_units = p.plan[kNumUnits];
+  const int32_t* num_pieces = p.plan + p.layout.unit_num_pieces();
+  const int vectors = head_dim / 8;  // 16-byte stores per row
+  for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
+    if (num_pieces[unit] != 0) continue;
+    for (int e = thread; e < p.rows * vectors; e += threads) {
+      *reinterpret_cast<uint4*>(output_row(p, unit, e / vectors) +
+                                8 * (e % vectors)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// Split units with at most this many pieces are merged element-parallel.
+constexpr int kFewPieces = 16;
+
+// Publishes a finished piece of a split unit; the CTA that finishes the
+// unit's last piece merges all of them (threadfence-reduction pattern: the
+// per-unit counter is reset by the merging CTA, ready for the next launch).
+// Called by the kThreads threads of named barrier `barrier` (whole warps;
+// this one is `thread` among them); `last_piece` is shared memory.
+template <int kThreads>
+__device__ __forceinline__ void combine_if_last(const DecodeParams& p,
+                                                const WorkItem& item,
+                                                int head_dim, int* last_piece,
+                                                float* row_stats, int barrier,
+                                                int thread) {
+  __threadfence();
+  named_barrier_sync(barrier, kThreads);
+  if (thread == 0) {
+    *last_piece = atomicAdd(&p.piece_counters[item.unit], 1) == item.pieces - 1;
+  }
+  named_barrier_sync(barrier, kThreads);
+  if (*last_piece) {
+    __threadfence();
+    if (item.pieces <= kFewPieces) {
+      // Few pieces: every thread takes (row, channel) elements of all rows.
+      merge_split_unit<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                                 head_dim, row_stats, barrier, thread);
+    } else {
+      // Many pieces: a warp per row, 32 pieces' weights per LSE load.
+      const int warp = thread / 32;
+      for (int row = warp; row < p.rows; row += kThreads / 32) {
+        merge_split_row(p, item.unit, item.first_partial, item.pieces, row,
+                        head_dim, thread % 32);
+      }
+    }
+    if (thread == 0) p.piece_counters[item.unit] = 0;
   }
 }
 

@@ -1,5 +1,7 @@
 // Host side of split-KV decode attention: TMA descriptors over the paged
 // cache and head-size dispatch.
+#include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -24,7 +26,15 @@ int ctas_per_sm(ElemType kv_type) {
 
 }  // namespace
 
+bool decode_uses_wgmma(ElemType kv_type) {
+  // Read per call, so that one process can run (and compare) both.
+  const char* kernel = std::getenv("HPC_DECODE_KERNEL");
+  return kernel != nullptr && std::strcmp(kernel, "wgmma") == 0 &&
+         kv_type != ElemType::kFp8E4m3;
+}
+
 int decode_ctas_per_sm(int head_dim, ElemType kv_type) {
+  if (decode_uses_wgmma(kv_type)) return 1;
   switch (head_dim) {
     case 64:
       return ctas_per_sm<64>(kv_type);

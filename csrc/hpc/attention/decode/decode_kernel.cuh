@@ -42,6 +42,7 @@
 #include "attention/decode/combine.cuh"
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
+#include "attention/decode/decode_work.cuh"
 #include "common/pdl.cuh"
 #include "common/sync.cuh"
 
@@ -50,8 +51,6 @@ namespace decode {
 
 constexpr int kConsumerWarps = 4;
 constexpr int kDecodeThreads = (kConsumerWarps + 1) * 32;
-// Split units with at most this many pieces are merged element-parallel.
-constexpr int kFewPieces = 16;
 // Named barrier of the consumer warps (0 is __syncthreads, 1..4 the token
 // group merges).
 constexpr int kCombineBarrier = 5;
@@ -114,53 +113,6 @@ struct SmemPlan {
   static_assert(kStages >= kMinStages, "pipeline must be >= 3 stages deep");
   static constexpr int kBytes =
       kStages * Layout::kStageBytes + kScratchBytes + 1024;
-};
-
-// ---------------------------------------------------------------------------
-// Work iteration (shared by the producer and the consumers)
-// ---------------------------------------------------------------------------
-
-// Turns the CTA's granule range into work items, in order, with the
-// planners' own resolution (resolve_item, decode_plan.h).
-class WorkCursor {
- public:
-  __device__ WorkCursor(const DecodeParams& p, int cta)
-      : p_(p),
-        cta_(cta),
-        total_(p.plan[kTotalGranules]),
-        num_ctas_(p.plan[kNumCtas]),
-        mode_(static_cast<SplitMode>(p.plan[kMode])),
-        split_tiles_(p.plan[kSplitTiles]) {
-    if (cta < num_ctas_) {
-      const int32_t* begin = p.plan + p.layout.cta_granule_begin();
-      x_ = begin[cta];
-      end_ = begin[cta + 1];
-      unit_ = p.plan[p.layout.cta_first_unit() + cta];
-    } else {
-      x_ = end_ = 0;
-      unit_ = 0;
-    }
-  }
-
-  __device__ bool next(WorkItem& item) {
-    if (x_ >= end_) return false;
-    const ItemSource source{
-        p_.plan,   p_.layout, p_.kv_lens,   p_.batch, p_.query_tokens,
-        p_.window, mode_,     split_tiles_, total_,   num_ctas_};
-    x_ = resolve_item(source, cta_, x_, end_, unit_, item);
-    return true;
-  }
-
- private:
-  const DecodeParams& p_;
-  int cta_;
-  int total_;
-  int num_ctas_;
-  SplitMode mode_;
-  int split_tiles_;
-  int x_;
-  int end_;
-  int unit_;
 };
 
 // ---------------------------------------------------------------------------
@@ -542,55 +494,6 @@ __device__ void store_row(const DecodeParams& p, const WorkItem& item,
   }
 }
 
-// Publishes a finished piece of a split unit; the CTA that finishes the
-// unit's last piece merges all of them (threadfence-reduction pattern: the
-// per-unit counter is reset by the merging CTA, ready for the next launch).
-// Called by all consumer warps.
-__device__ __forceinline__ void combine_if_last(const DecodeParams& p,
-                                                const WorkItem& item,
-                                                int head_dim, int* last_piece,
-                                                float* row_stats) {
-  constexpr int kThreads = kConsumerWarps * 32;
-  __threadfence();
-  named_barrier_sync(kCombineBarrier, kThreads);
-  if (threadIdx.x == 0) {
-    *last_piece = atomicAdd(&p.piece_counters[item.unit], 1) == item.pieces - 1;
-  }
-  named_barrier_sync(kCombineBarrier, kThreads);
-  if (*last_piece) {
-    __threadfence();
-    if (item.pieces <= kFewPieces) {
-      // Few pieces: every thread takes (row, channel) elements of all rows.
-      merge_split_unit<kThreads>(p, item.unit, item.first_partial, item.pieces,
-                                 head_dim, row_stats, kCombineBarrier);
-    } else {
-      // Many pieces: a warp per row, 32 pieces' weights per LSE load.
-      const int warp = threadIdx.x / 32;
-      for (int row = warp; row < p.rows; row += kConsumerWarps) {
-        merge_split_row(p, item.unit, item.first_partial, item.pieces, row,
-                        head_dim, threadIdx.x % 32);
-      }
-    }
-    if (threadIdx.x == 0) p.piece_counters[item.unit] = 0;
-  }
-}
-
-// Units with no KV at all get no work item; their rows are zeroed, spread
-// over the grid. Called by the consumer warps.
-__device__ __forceinline__ void zero_empty_units(const DecodeParams& p,
-                                                 int head_dim) {
-  const int num_units = p.plan[kNumUnits];
-  const int32_t* num_pieces = p.plan + p.layout.unit_num_pieces();
-  const int vectors = head_dim / 8;  // 16-byte stores per row
-  for (int unit = blockIdx.x; unit < num_units; unit += gridDim.x) {
-    if (num_pieces[unit] != 0) continue;
-    for (int e = threadIdx.x; e < p.rows * vectors; e += kConsumerWarps * 32) {
-      *reinterpret_cast<uint4*>(output_row(p, unit, e / vectors) +
-                                8 * (e % vectors)) = make_uint4(0, 0, 0, 0);
-    }
-  }
-}
-
 template <int kHeadDim, typename KvT, int kTokenGroups, int kStages,
           int kMergeRegs>
 __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
@@ -788,7 +691,9 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
       }
     }
     if (item.pieces > 1) {
-      combine_if_last(p, item, kHeadDim, last_piece, row_stats);
+      combine_if_last<kConsumerWarps * 32>(p, item, kHeadDim, last_piece,
+                                           row_stats, kCombineBarrier,
+                                           threadIdx.x);
     }
   }
 }
@@ -833,7 +738,9 @@ __global__ void __launch_bounds__(kDecodeThreads,
   // The kernel's row layout comes from the launch; a plan made for another
   // query count would be walked wrongly, so fail loudly instead.
   if (p.plan[kQueryTokens] != p.query_tokens) __trap();
-  if (warp < kConsumerWarps) zero_empty_units(p, kHeadDim);
+  if (warp < kConsumerWarps) {
+    zero_empty_units(p, kHeadDim, threadIdx.x, kConsumerWarps * 32);
+  }
   if (blockIdx.x >= p.plan[kNumCtas]) return;
 
   if (warp == kConsumerWarps) {

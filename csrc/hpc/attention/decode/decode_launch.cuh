@@ -2,8 +2,12 @@
 // per-head-size translation units so that they compile in parallel.
 #pragma once
 
+#include <cute/numeric/numeric_types.hpp>
+
 #include "attention/decode/decode.h"
+#include "attention/decode/decode_config.cuh"
 #include "attention/decode/decode_kernel.cuh"
+#include "attention/decode/decode_wgmma_kernel.cuh"
 #include "common/pdl.cuh"
 #include "common/smem_config.h"
 
@@ -35,10 +39,49 @@ void launch_rows(const DecodeParams& params, const CUtensorMap& k_map,
   }
 }
 
+template <int kHeadDim, class Element, int kRows>
+void launch_wgmma_typed(const DecodeParams& params, const CUtensorMap& k_map,
+                        const CUtensorMap& v_map, int grid,
+                        cudaStream_t stream) {
+  using Config = DecodeConfig<kHeadDim, Element, kRows>;
+  auto kernel = decode_wgmma_kernel<Config>;
+  configure_smem(kernel, Config::kSmemBytes, "decode_attention");
+  launch_with_pdl(kernel, dim3(grid), dim3(kWgmmaThreads), Config::kSmemBytes,
+                  stream, params, k_map, v_map);
+}
+
+// The swap-AB kernel's N: the unit's rows rounded up to 8, 16, 32 or 64.
+template <int kHeadDim, class Element>
+void launch_wgmma_rows(const DecodeParams& params, const CUtensorMap& k_map,
+                       const CUtensorMap& v_map, int grid,
+                       cudaStream_t stream) {
+  if (params.rows <= 8) {
+    launch_wgmma_typed<kHeadDim, Element, 8>(params, k_map, v_map, grid,
+                                             stream);
+  } else if (params.rows <= 16) {
+    launch_wgmma_typed<kHeadDim, Element, 16>(params, k_map, v_map, grid,
+                                              stream);
+  } else if (params.rows <= 32) {
+    launch_wgmma_typed<kHeadDim, Element, 32>(params, k_map, v_map, grid,
+                                              stream);
+  } else {
+    launch_wgmma_typed<kHeadDim, Element, 64>(params, k_map, v_map, grid,
+                                              stream);
+  }
+}
+
 template <int kHeadDim>
 void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,
                           const CUtensorMap& k_map, const CUtensorMap& v_map,
                           int grid, cudaStream_t stream) {
+  if (decode_uses_wgmma(kv_type)) {
+    if (kv_type == ElemType::kBf16) {
+      return launch_wgmma_rows<kHeadDim, cute::bfloat16_t>(params, k_map, v_map,
+                                                           grid, stream);
+    }
+    return launch_wgmma_rows<kHeadDim, cute::half_t>(params, k_map, v_map, grid,
+                                                     stream);
+  }
   switch (kv_type) {
     case ElemType::kBf16:
       return launch_rows<kHeadDim, __nv_bfloat16>(params, k_map, v_map, grid,

@@ -26,6 +26,7 @@
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
 #include "attention/common/online_softmax.cuh"
+#include "attention/common/warpgroup.cuh"
 #include "attention/prefill/prefill_config.cuh"
 #include "attention/prefill/prefill_params.h"
 #include "attention/prefill/prefill_pipeline.cuh"
@@ -45,23 +46,6 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
-}
-
-// Issues C (+)= A B over the K blocks of A and B as one wgmma batch.
-template <class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void wgmma_batch(Mma& mma, const TA& a, const TB& b,
-                                            TC& c, bool zero_init) {
-  using namespace cute;
-  warpgroup_fence_operand(c);
-  warpgroup_arrive();
-  mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-#pragma unroll
-  for (int k = 0; k < size<2>(a); ++k) {
-    gemm(mma, a(_, _, k), b(_, _, k), c);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
 }
 
 // Per-row constants of a consumer thread's two rows in the current tile.
@@ -242,7 +226,7 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   bool first_pv = true;
   auto issue_pv = [&](int s) {
     warpgroup_fence_operand(frag_p);
-    wgmma_batch(mma_pv, frag_p, tOrV(_, _, _, s), acc_o, first_pv);
+    attention::wgmma_batch(mma_pv, frag_p, tOrV(_, _, _, s), acc_o, first_pv);
     first_pv = false;
   };
 
@@ -270,10 +254,11 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   {
     FullBarrier::wait(&bar.k_full[pos.k.stage], pos.k.phase);
     turns.take();
-    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, pos.k.stage), acc_s, true);
+    attention::wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, pos.k.stage), acc_s,
+                           true);
     turns.pass();
     warpgroup_wait<0>();
-    release(&bar.k_empty[pos.k.stage]);
+    attention::release(&bar.k_empty[pos.k.stage]);
     float alpha[2];
     softmax_step(n, alpha);
     convert_p();
@@ -294,15 +279,16 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
     FullBarrier::wait(&bar.k_full[pos.k.stage], pos.k.phase);
     FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
     turns.take();
-    wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, pos.k.stage), acc_s, true);
+    attention::wgmma_batch(mma_qk, tSrQ, tSrK(_, _, _, pos.k.stage), acc_s,
+                           true);
     issue_pv(pv.stage);
     turns.pass();
     warpgroup_wait<1>();
-    release(&bar.k_empty[pos.k.stage]);
+    attention::release(&bar.k_empty[pos.k.stage]);
     float alpha[2];
     softmax_step(n, alpha);
     warpgroup_wait<0>();
-    release(&bar.v_empty[pv.stage]);
+    attention::release(&bar.v_empty[pv.stage]);
     // Once the running maxima settle, O needs no rescaling.
     if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
       attention::scale_rows(acc_o, alpha);
@@ -314,13 +300,13 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
   }
   // Every S = Q K^T of the tile is done: the next tile's Q (and staged
   // queries) may come.
-  release(&bar.q_empty);
+  attention::release(&bar.q_empty);
   FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
   turns.take();
   issue_pv(pv.stage);
   turns.pass();
   warpgroup_wait<0>();
-  release(&bar.v_empty[pv.stage]);
+  attention::release(&bar.v_empty[pv.stage]);
 }
 
 }  // namespace prefill

@@ -90,11 +90,5 @@ struct PipelineState {
   uint32_t q_phase = 0;
 };
 
-// A consumer warp is done with the buffer behind `bar`.
-__device__ __forceinline__ void release(uint64_t* bar) {
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) EmptyBarrier::arrive(bar);
-}
-
 }  // namespace prefill
 }  // namespace hpc

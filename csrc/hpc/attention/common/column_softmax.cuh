@@ -1,0 +1,152 @@
+// Online softmax over the columns of a transposed score tile, in the exp2
+// domain: S^T = K Q^T with the keys as the wgmma M side (64 rows, one
+// warpgroup) and the query rows as its N side, as swap-AB kernels compute
+// it when the query rows are too few to fill M.
+//
+// A thread of the m64nN accumulator holds keys 16 w + lane / 4 and that + 8
+// (w = warp of the warpgroup) of columns fragment_column(i, lane): N / 4
+// columns, two keys each. A column's maximum is reduced over the eight lanes
+// of the same lane % 4 by shuffles and over the four warps through shared
+// memory (one warpgroup barrier per tile); each thread keeps its own share
+// of a column's sum until the end, where the same two steps add the shares.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+#include "attention/common/online_softmax.cuh"
+#include "common/sync.cuh"
+
+namespace hpc {
+namespace attention {
+
+// Column c (0 .. N / 4 - 1) of a thread's accumulator values: value i
+// belongs to column slot 2 * (i / 4) + i % 2.
+__device__ __forceinline__ int column_slot_of(int value) {
+  return 2 * (value >> 2) + (value & 1);
+}
+
+// The column fragment_column gives for slot c.
+__device__ __forceinline__ int column_of_slot(int slot, int lane) {
+  return (slot >> 1) * 8 + 2 * (lane & 3) + (slot & 1);
+}
+
+// Reduces `x` over the lanes that hold the same columns (lane % 4 equal).
+template <class Op>
+__device__ __forceinline__ float reduce_over_keys_in_warp(float x, Op op) {
+#pragma unroll
+  for (int lanes = 4; lanes < 32; lanes *= 2) {
+    x = op(x, __shfl_xor_sync(0xffffffffu, x, lanes));
+  }
+  return x;
+}
+
+// kCols: columns of the tile (N). Scratch: 2 x 4 x kCols floats per
+// warpgroup (two tiles in flight, four warps), `barrier` the warpgroup's
+// named barrier id (128 threads).
+template <int kCols, int kProbLog2Scale = 0>
+struct ColumnSoftmax {
+  static constexpr int kSlots = kCols / 4;
+  static constexpr int kScratchFloats = 2 * 4 * kCols;
+  static_assert(kCols % 8 == 0);
+
+  float m[kSlots];  // running column maxima (log2 domain)
+  float l[kSlots];  // this thread's share of the running column sums
+
+  __device__ void reset() {
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) {
+      m[c] = -INFINITY;
+      l[c] = 0.f;
+    }
+  }
+
+  // Scores x (-inf where masked) into unnormalised probabilities
+  // exp2(x * scale - m) in place; scale[c] > 0 is column slot c's logit
+  // scale (log2 domain), alpha[c] the factor its running output must be
+  // multiplied by. `parity` alternates between consecutive calls (the
+  // scratch half written), so one barrier per call suffices.
+  template <class Frag>
+  __device__ void update(Frag& x, const float (&scale)[kSlots],
+                         float (&alpha)[kSlots], float* scratch, int parity,
+                         int barrier) {
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x / 32) % 4;
+    float tile_max[kSlots];
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) tile_max[c] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < int(cute::size(x)); ++i) {
+      const int c = column_slot_of(i);
+      tile_max[c] = fmaxf(tile_max[c], x(i));
+    }
+    float* half = scratch + parity * 4 * kCols;
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) {
+      tile_max[c] = reduce_over_keys_in_warp(
+          tile_max[c], [](float a, float b) { return fmaxf(a, b); });
+      if (lane < 4) half[warp * kCols + column_of_slot(c, lane)] = tile_max[c];
+    }
+    named_barrier_sync(barrier, 128);
+    float ref[kSlots];
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) {
+      const int col = column_of_slot(c, lane);
+      float mx = half[col];
+#pragma unroll
+      for (int w = 1; w < 4; ++w) mx = fmaxf(mx, half[w * kCols + col]);
+      const float m_new = fmaxf(m[c], mx * scale[c]);
+      ref[c] = m_new == -INFINITY ? 0.f : m_new;
+      alpha[c] = fast_exp2(m[c] - ref[c]);
+      m[c] = m_new;
+      l[c] *= alpha[c];
+      ref[c] -= static_cast<float>(kProbLog2Scale);
+    }
+#pragma unroll
+    for (int i = 0; i < int(cute::size(x)); ++i) {
+      const int c = column_slot_of(i);
+      x(i) = fast_exp2(fmaf(x(i), scale[c], -ref[c]));
+      l[c] += x(i);
+    }
+  }
+
+  // After the last tile: each column's whole sum (every thread of the
+  // warpgroup gets its columns'), through the scratch half `parity`.
+  __device__ void column_sums(float (&sum)[kSlots], float* scratch, int parity,
+                              int barrier) {
+    const int lane = threadIdx.x % 32;
+    const int warp = (threadIdx.x / 32) % 4;
+    float* half = scratch + parity * 4 * kCols;
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) {
+      const float s = reduce_over_keys_in_warp(
+          l[c], [](float a, float b) { return a + b; });
+      if (lane < 4) half[warp * kCols + column_of_slot(c, lane)] = s;
+    }
+    named_barrier_sync(barrier, 128);
+#pragma unroll
+    for (int c = 0; c < kSlots; ++c) {
+      const int col = column_of_slot(c, lane);
+      sum[c] = half[col] + half[kCols + col] + half[2 * kCols + col] +
+               half[3 * kCols + col];
+    }
+  }
+};
+
+// Multiplies each value of a transposed accumulator (columns = query rows,
+// several 64-row blocks: the values of one block, 2 * kSlots, come first)
+// by its column's factor.
+template <class Frag, int kSlots>
+__device__ __forceinline__ void scale_columns(Frag& acc,
+                                              const float (&f)[kSlots]) {
+#pragma unroll
+  for (int i = 0; i < int(cute::size(acc)); ++i) {
+    acc(i) *= f[column_slot_of(i % (2 * kSlots))];
+  }
+}
+
+}  // namespace attention
+}  // namespace hpc

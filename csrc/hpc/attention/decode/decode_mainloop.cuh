@@ -1,0 +1,244 @@
+// Consumer side of the swap-AB decode kernel: one consumer warpgroup's
+// tiles of one work item (decode_config.cuh for the layout). Per tile:
+//   wait K; S^T = K Q^T; release K
+//   soft-cap, mask (boundary tiles only); online softmax over the columns
+//   O^T *= alpha (when a column's maximum moved); P^T -> shared memory
+//   wait V; zero V rows past the sequence; O^T += V^T P^T; release V
+#pragma once
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cute/tensor.hpp>
+
+#include "attention/common/column_softmax.cuh"
+#include "attention/common/mask.h"
+#include "attention/common/named_barriers.h"
+#include "attention/common/online_softmax.cuh"
+#include "attention/common/swizzle.h"
+#include "attention/common/warpgroup.cuh"
+#include "attention/decode/decode_config.cuh"
+#include "attention/decode/decode_load.cuh"
+#include "attention/decode/decode_params.h"
+#include "attention/decode/decode_work.cuh"
+#include "common/sync.cuh"
+
+namespace hpc {
+namespace decode {
+
+// A consumer warpgroup: which one, its thread index within it, the rows its
+// columns are (row0 + column) and its named barrier.
+struct ConsumerGroup {
+  int wg;
+  int tid;
+  int row0;
+
+  __device__ int barrier() const {
+    return static_cast<int>(attention::DecodeBarrier::kWarpgroup0) + wg;
+  }
+};
+
+// Per-column constants of a consumer thread's columns (query rows) in the
+// current work item.
+template <int kSlots>
+struct ColumnInfo {
+  int pos[kSlots];      // query position (bottom-right causal)
+  float qk[kSlots];     // factor of q.k before the soft-cap's tanh
+  float scale[kSlots];  // the softmax's logit scale, log2 domain (> 0)
+};
+
+template <class Config>
+__device__ ColumnInfo<Config::kWgRows / 4> column_info(const DecodeParams& p,
+                                                       const WorkItem& item,
+                                                       const ConsumerGroup& g) {
+  constexpr int kSlots = Config::kWgRows / 4;
+  ColumnInfo<kSlots> c;
+  const float k_scale = p.k_scale ? *p.k_scale : 1.f;
+  const int b = item.unit % p.batch;
+  const int h = item.unit / p.batch;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int row = g.row0 + attention::column_of_slot(s, g.tid % 32);
+    const int t = row / p.group;
+    c.pos[s] = attention::query_position(item.kv_len, p.query_tokens, t);
+    float scale = p.scale * k_scale;
+    if (p.q_type == ElemType::kFp8E4m3 && row < p.rows) {
+      const int64_t token = static_cast<int64_t>(b) * p.query_tokens + t;
+      scale *= p.q_scale[token * p.q_scale_token_stride + h * p.group +
+                         row % p.group];
+    }
+    // A zero scale (an all-zero query row) would turn -inf into NaN.
+    scale = fmaxf(scale, 1e-30f);
+    c.qk[s] = p.softcap > 0.f ? scale / p.softcap : scale;
+    c.scale[s] = (p.softcap > 0.f ? p.softcap : scale) * attention::kLog2e;
+  }
+  return c;
+}
+
+// The unit's query rows into the Q tile (rows past p.rows zero), by all
+// consumer threads (`thread` of kWgmmaConsumerThreads), 8 bytes at a time
+// (query rows are only 8-byte aligned in general: slices of a fused QKV
+// tensor).
+template <class Config>
+__device__ void load_queries(const DecodeParams& p, const WorkItem& item,
+                             uint8_t* smem, int thread) {
+  constexpr int kUnitsPerRow = Config::kHeadDim / 4;
+  const int b = item.unit % p.batch;
+  const int h = item.unit / p.batch;
+  for (int e = thread; e < Config::kRows * kUnitsPerRow;
+       e += kWgmmaConsumerThreads) {
+    const int row = e / kUnitsPerRow;
+    const int unit = e % kUnitsPerRow;
+    uint2 v = make_uint2(0, 0);
+    if (row < p.rows) {
+      const int64_t token =
+          static_cast<int64_t>(b) * p.query_tokens + row / p.group;
+      const int head = h * p.group + row % p.group;
+      v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) +
+                                          token * p.q_token_stride +
+                                          head * p.q_head_stride + 4 * unit);
+    }
+    const int part = row / Config::kWgRows;
+    *reinterpret_cast<uint2*>(
+        smem + Config::kQOffset +
+        part * Config::kWgRows * Config::kHeadDim * Config::kElemBytes +
+        attention::swizzled_offset<Config::kRowBytes>(
+            row % Config::kWgRows, 8 * unit, Config::kWgRows)) = v;
+  }
+}
+
+// Zeroes the V rows of a stage at and past `valid` keys: their cache slots
+// may hold anything (NaN), and a zero probability times NaN is NaN. Rows
+// are whole 128-byte lines of each chunk (the swizzle only moves bytes
+// within a row). By the warpgroup that reads the stage.
+template <class Config>
+__device__ void zero_stale_v_rows(uint8_t* stage, int valid,
+                                  const ConsumerGroup& g) {
+  constexpr int kUnitsPerRow = Config::kRowBytes / 16;
+  const int rows = Config::kTileKeys - valid;
+  for (int e = g.tid; e < Config::kChunks * rows * kUnitsPerRow; e += 128) {
+    const int chunk = e / (rows * kUnitsPerRow);
+    const int key = valid + (e / kUnitsPerRow) % rows;
+    *reinterpret_cast<uint4*>(stage +
+                              chunk * Config::kTileKeys * Config::kRowBytes +
+                              key * Config::kRowBytes +
+                              16 * (e % kUnitsPerRow)) = make_uint4(0, 0, 0, 0);
+  }
+  cutlass::arch::fence_view_async_shared();
+  named_barrier_sync(g.barrier(), 128);
+}
+
+// Runs a warpgroup's tiles of `item` (the CTA's tiles it0, it0 + 1, ...;
+// taking turns, the warpgroup's parity only); accumulates into `acc_o`
+// (cleared by the caller) and `softmax` (reset by the caller). `parity`
+// carries the softmax scratch half from call to call.
+template <class Config, class FragO>
+__device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
+                         const ConsumerGroup& g, uint8_t* smem,
+                         KvRingBarriers<Config::kStages>& bar, FragO& acc_o,
+                         typename Config::Softmax& softmax, int& parity) {
+  using namespace cute;
+  using Element = typename Config::Element;
+  constexpr int kSlots = Config::kWgRows / 4;
+  const int lane = g.tid % 32;
+  const int warp = g.tid / 32;
+
+  typename Config::TiledMmaS mma_s;
+  typename Config::TiledMmaO mma_o;
+  auto thr_s = mma_s.get_thread_slice(g.tid);
+  auto thr_o = mma_o.get_thread_slice(g.tid);
+  Tensor sK = make_tensor(
+      make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kKOffset)),
+      typename Config::SmemLayoutK{});
+  Tensor sQ = make_tensor(
+      make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kQOffset)),
+      typename Config::SmemLayoutQ{});
+  Tensor sVt = make_tensor(
+      make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kVOffset)),
+      typename Config::SmemLayoutVt{});
+  Tensor sP =
+      make_tensor(make_smem_ptr(reinterpret_cast<Element*>(
+                      smem + Config::kPOffset + g.wg * Config::kPBytes)),
+                  typename Config::SmemLayoutP{});
+  const int q_part = Config::kSplitRows ? g.wg : 0;
+  Tensor tSrK = thr_s.partition_fragment_A(sK);                // stage last
+  Tensor tSrQ = thr_s.partition_fragment_B(sQ(_, _, q_part));  // (V, N, K)
+  Tensor tOrV = thr_o.partition_fragment_A(sVt);               // stage last
+  Tensor tOrP = thr_o.partition_fragment_B(sP);                // (V, N, K)
+  Tensor acc_s = partition_fragment_C(
+      mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
+  float* reduce = reinterpret_cast<float*>(smem + Config::kReduceOffset +
+                                           g.wg * Config::kReduceBytes);
+
+  const ColumnInfo<kSlots> cols = column_info<Config>(p, item, g);
+  const attention::KeyTiles keys = attention::KeyTiles::of(
+      attention::query_position(item.kv_len, p.query_tokens, 0),
+      attention::query_position(item.kv_len, p.query_tokens,
+                                p.query_tokens - 1),
+      item.kv_len, p.window, Config::kTileKeys);
+  const bool softcap = p.softcap > 0.f;
+
+  int it = it0;
+  for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
+    if (!Config::kSplitRows && (it & 1) != g.wg) continue;
+    const RingSlot<Config::kStages> slot = RingSlot<Config::kStages>::of(it);
+
+    FullBarrier::wait(&bar.k_full[slot.stage], slot.phase);
+    attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQ, acc_s, true);
+    warpgroup_wait<0>();
+    attention::release(&bar.k_empty[slot.stage]);
+
+    // Scores: soft-cap, then the mask where a key of the tile may be
+    // invisible to a row.
+    const bool interior = keys.interior(tile);
+    if (softcap || !interior) {
+#pragma unroll
+      for (int i = 0; i < size(acc_s); ++i) {
+        const int s = attention::column_slot_of(i);
+        float x = acc_s(i);
+        if (softcap) x = tanhf(x * cols.qk[s]);
+        if (!interior) {
+          const int key = tile * Config::kTileKeys + 16 * warp + lane / 4 +
+                          8 * attention::row_half_of(i);
+          x = attention::key_visible(key, cols.pos[s], item.kv_len, p.window)
+                  ? x
+                  : -INFINITY;
+        }
+        acc_s(i) = x;
+      }
+    }
+    float alpha[kSlots];
+    softmax.update(acc_s, cols.scale, alpha, reduce, parity, g.barrier());
+    parity ^= 1;
+    bool moved = false;
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) moved |= alpha[s] != 1.f;
+    if (__any_sync(0xffffffffu, moved)) attention::scale_columns(acc_o, alpha);
+
+    // P^T, one element per value (its key and column), for the wgmma.
+#pragma unroll
+    for (int i = 0; i < size(acc_s); ++i) {
+      const int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
+      sP(attention::fragment_column(i, lane), key) = Element(acc_s(i));
+    }
+
+    FullBarrier::wait(&bar.v_full[slot.stage], slot.phase);
+    const int valid = item.kv_len - tile * Config::kTileKeys;
+    if (valid < Config::kTileKeys) {
+      // The fence and barrier there also cover the P^T stores above.
+      cutlass::arch::fence_view_async_shared();
+      zero_stale_v_rows<Config>(
+          smem + Config::kVOffset + slot.stage * Config::kStageBytes, valid, g);
+    } else {
+      cutlass::arch::fence_view_async_shared();
+      named_barrier_sync(g.barrier(), 128);
+    }
+    attention::wgmma_batch(mma_o, tOrV(_, _, _, slot.stage), tOrP, acc_o,
+                           false);
+    warpgroup_wait<0>();
+    attention::release(&bar.v_empty[slot.stage]);
+  }
+}
+
+}  // namespace decode
+}  // namespace hpc

@@ -1,0 +1,111 @@
+// The swap-AB split-KV decode kernel: wiring of the producer
+// (decode_load.cuh), the consumer mainloop (decode_mainloop.cuh), the
+// epilogue (decode_epilogue.cuh) and the merge of split units
+// (combine.cuh), over the CTA's work items (decode_work.cuh).
+//
+// One persistent CTA per SM of three warpgroups: the producer warpgroup
+// gives up registers (warp 0 copies); the two consumer warpgroups take them
+// and compute (decode_config.cuh). The unit's queries are loaded into shared
+// memory by the consumers at the start of each work item.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cute/arch/copy_sm90_desc.hpp>
+#include <cute/tensor.hpp>
+
+#include "attention/common/named_barriers.h"
+#include "attention/decode/combine.cuh"
+#include "attention/decode/decode_config.cuh"
+#include "attention/decode/decode_epilogue.cuh"
+#include "attention/decode/decode_load.cuh"
+#include "attention/decode/decode_mainloop.cuh"
+#include "attention/decode/decode_params.h"
+#include "attention/decode/decode_work.cuh"
+#include "common/pdl.cuh"
+#include "common/sync.cuh"
+
+namespace hpc {
+namespace decode {
+
+template <class Config>
+__global__ void __launch_bounds__(kWgmmaThreads, 1)
+    decode_wgmma_kernel(const __grid_constant__ DecodeParams p,
+                        const __grid_constant__ CUtensorMap k_map,
+                        const __grid_constant__ CUtensorMap v_map) {
+  using namespace cute;
+  extern __shared__ uint8_t decode_smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(decode_smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ KvRingBarriers<Config::kStages> bar;
+  __shared__ int last_piece;
+  __shared__ float row_stats[2 * kMaxRows];
+  constexpr int kConsumers =
+      static_cast<int>(attention::DecodeBarrier::kConsumers);
+
+  const bool producer = threadIdx.x < kWgmmaProducerThreads;
+  if (threadIdx.x == 0) {
+    prefetch_tma_descriptor(&k_map);
+    prefetch_tma_descriptor(&v_map);
+    bar.init(Config::kStageReaders);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  pdl_launch_dependents();
+  // The plan, the queries and the cache are written by earlier kernels.
+  pdl_wait_for_producer();
+  // The kernel's row layout comes from the launch; a plan made for another
+  // query count would be walked wrongly, so fail loudly instead.
+  if (p.plan[kQueryTokens] != p.query_tokens) __trap();
+  const int thread = threadIdx.x - kWgmmaProducerThreads;
+  if (!producer) {
+    zero_empty_units(p, Config::kHeadDim, thread, kWgmmaConsumerThreads);
+  }
+  if (blockIdx.x >= p.plan[kNumCtas]) return;
+
+  if (producer) {
+    cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
+    if (threadIdx.x < 32) {
+      load_kv_tiles<Config>(p, &k_map, &v_map, smem, bar);
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegs>();
+  const ConsumerGroup g{
+      thread / 128, thread % 128,
+      Config::kSplitRows ? thread / 128 * Config::kWgRows : 0};
+  typename Config::TiledMmaO mma_o;
+  Tensor acc_o = partition_fragment_C(
+      mma_o, Shape<Int<Config::kHeadDim>, Int<Config::kWgRows>>{});
+  typename Config::Softmax softmax;
+  int parity = 0;
+  WorkCursor cursor(p, blockIdx.x);
+  WorkItem item;
+  int it = 0;
+  while (cursor.next(item)) {
+    // Both warpgroups are done with the previous item's queries.
+    named_barrier_sync(kConsumers, kWgmmaConsumerThreads);
+    load_queries<Config>(p, item, smem, thread);
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(kConsumers, kWgmmaConsumerThreads);
+    clear(acc_o);
+    softmax.reset();
+    mma_item<Config>(p, item, it, g, smem, bar, acc_o, softmax, parity);
+    store_item<Config>(p, item, g, smem, acc_o, softmax, parity);
+    if (item.pieces > 1) {
+      combine_if_last<kWgmmaConsumerThreads>(p, item, Config::kHeadDim,
+                                             &last_piece, row_stats, kConsumers,
+                                             thread);
+    }
+    it += item.tile_end - item.tile_begin;
+  }
+}
+
+}  // namespace decode
+}  // namespace hpc
