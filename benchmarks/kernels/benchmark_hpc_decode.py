@@ -84,8 +84,7 @@ Implementations, timed the same way on the same inputs:
   where they import;
 * ``hpc_wgmma``: ``hpc`` on the swap-AB wgmma decode kernel
   (``HPC_DECODE_KERNEL=wgmma`` around its workspace's creation and its
-  calls; 16-bit caches, FP8 caches still run the mma.sync kernel), while
-  the two kernels stand side by side.
+  calls), while the two kernels stand side by side.
 
 Before timing, every implementation's output is compared with a float32
 reference on a few sequences (``ref_rel_err``), and the ``hpc`` output with
@@ -200,8 +199,8 @@ TRITON = "triton_unified"
 FLASHINFER = "flashinfer"
 FA3 = "fa3"
 FA3_CAPPED = "fa3_capped"
-# The swap-AB wgmma decode kernel (16-bit caches), selected through
-# HPC_DECODE_KERNEL while it stands beside the mma.sync kernel.
+# The swap-AB wgmma decode kernel, selected through HPC_DECODE_KERNEL while
+# it stands beside the mma.sync kernel.
 HPC_WGMMA = "hpc_wgmma"
 BASELINES = (STATIC, FA3, FA3_CAPPED, FLEX, TRITON, FLASHINFER, HPC_WGMMA)
 # num_splits of each FA3 baseline: 0 lets FA3's heuristic choose; 32 is

@@ -18,9 +18,9 @@ with small CTA counts. Plus: the GPU planner is bitwise equal to the host
 planner, CUDA-graph capture and replay with new lengths, batch invariance of
 the batch-invariant mode, and empty sequences.
 
-Every kernel test runs on both decode kernels while they stand side by side
+Every test runs on both decode kernels while they stand side by side
 (``HPC_DECODE_KERNEL``: the mma.sync kernel, and ``wgmma`` for the swap-AB
-kernel, which takes 16-bit caches; an FP8 case runs on the first only).
+kernel).
 
 Imports only torch, the references, ``attention_cases``, ``vllm._hpc_ops``
 and the attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
@@ -158,10 +158,6 @@ def decode_kernel(
     """The decode kernel a test runs on (HPC_DECODE_KERNEL, which the library
     reads at workspace creation and at every launch)."""
     if request.param == "wgmma":
-        case = getattr(request.node, "callspec", None)
-        case = case.params.get("case") if case is not None else None
-        if isinstance(case, Case) and case.kv_dtype == FP8_DTYPE:
-            pytest.skip("FP8 caches run the mma.sync kernel")
         monkeypatch.setenv("HPC_DECODE_KERNEL", "wgmma")
     else:
         monkeypatch.delenv("HPC_DECODE_KERNEL", raising=False)

@@ -51,6 +51,8 @@ template <int kCols, int kProbLog2Scale = 0>
 struct ColumnSoftmax {
   static constexpr int kSlots = kCols / 4;
   static constexpr int kScratchFloats = 2 * 4 * kCols;
+  // The sums carry the probabilities' factor 2^kProbLog2Scale.
+  static constexpr int kSumLog2Scale = kProbLog2Scale;
   static_assert(kCols % 8 == 0);
 
   float m[kSlots];  // running column maxima (log2 domain)

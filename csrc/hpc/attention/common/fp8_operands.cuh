@@ -45,6 +45,12 @@ __host__ __device__ constexpr int prob_key_of_position(int pos) {
   return 8 * ((pos & 3) >> 1) + 2 * (pos >> 2) + (pos & 1);
 }
 
+// The k-position of key `key` (0..15) of a 16-key group: the inverse of
+// prob_key_of_position.
+__host__ __device__ constexpr int position_of_prob_key(int key) {
+  return 4 * ((key >> 1) & 3) + 2 * (key >> 3) + (key & 1);
+}
+
 // Two floats to two E4M3 bytes (low byte first), saturating.
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return static_cast<uint32_t>(
@@ -228,6 +234,19 @@ __device__ __forceinline__ float e4m3_row_scale(float amax) {
   return __uint_as_float(exponent << 23);
 }
 
+// Sixteen values divided by `scale` (a power of two from e4m3_row_scale,
+// whose inverse is exact; 0 gives zeros) as sixteen E4M3 bytes.
+__device__ __forceinline__ uint4 quantize16_e4m3(const float* x, float scale) {
+  const float inv = scale > 0.f ? 1.f / scale : 0.f;
+  uint32_t q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q[i] = e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv) |
+           (e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv) << 16);
+  }
+  return make_uint4(q[0], q[1], q[2], q[3]);
+}
+
 // The layout of 16-bit query rows quantized per row to E4M3
 // (e4m3_row_scale): a tile of kHeadDim channels stored [chunk of 64][row][128
 // bytes] over kTileRows rows (the staging tile the copies fill). The
@@ -290,19 +309,10 @@ struct StagedRows16 {
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
       amax = row_abs_max<kLanesPerRow>(amax);
       if (base + group >= rows) continue;
-      // The readers derive the same scale from the same amax. A power of
-      // two: its inverse is exact.
-      const float scale = e4m3_row_scale(amax);
-      const float inv = scale > 0.f ? 1.f / scale : 0.f;
-      uint32_t q[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        q[i] = e4m3x2(x[4 * i] * inv, x[4 * i + 1] * inv) |
-               (e4m3x2(x[4 * i + 2] * inv, x[4 * i + 3] * inv) << 16);
-      }
+      // The readers derive the same scale from the same amax.
       *reinterpret_cast<uint4*>(
           dst + swizzled_offset<kDstRowBytes>(row, 16 * part, kTileRows)) =
-          make_uint4(q[0], q[1], q[2], q[3]);
+          quantize16_e4m3(x, e4m3_row_scale(amax));
     }
   }
 };

@@ -1,5 +1,5 @@
 // Compile-time configuration of the swap-AB decode kernel for one head
-// size, MMA element type and row count: shared-memory layout, ring depth
+// size, MMA element type and row count: shared-memory layout, ring depths
 // and the wgmma tilings.
 //
 // A unit's rows (query tokens x query heads of one KV head, at most 64) are
@@ -7,8 +7,15 @@
 // wgmma M side and the rows as N:
 //   S^T = K Q^T     SS wgmma: K (64 x D) as the copies land it, K-major;
 //                   Q (rows x D) K-major
-//   O^T += V^T P^T  SS wgmma: V^T (D x 64) read MN-major from the V tile as
-//                   it lands; P^T (rows x 64) written by the consumers
+//   O^T += V^T P^T  SS wgmma: P^T (rows x 64) written by the consumers,
+//                   K-major; V^T (D x 64): 16-bit caches read the V tile as
+//                   it lands, MN-major; FP8 caches (whose wgmma takes
+//                   K-major operands only) read V^T rows that producer
+//                   warps 1..3 write from a ring of raw V tiles
+//                   (attention/common/fp8_operands.cuh), their keys in the
+//                   order prob_key_of_position gives, which P^T follows.
+// FP8 caches: Q is E4M3 (the queries' own, or 16-bit queries quantized per
+// row by the consumers when they load them), P is E4M3 scaled by 2^8.
 // Two consumer warpgroups: up to 32 rows they take a work item's tiles in
 // turn (even and odd tiles of the CTA's sequence) and merge their states
 // at the item's end; 64 rows are split, 32 per warpgroup, over every tile.
@@ -20,16 +27,18 @@
 #include <cute/tensor.hpp>
 
 #include "attention/common/column_softmax.cuh"
+#include "attention/common/gmma_layouts.cuh"
 #include "attention/decode/decode_plan.h"
 
 namespace hpc {
 namespace decode {
 
-// The kernel's roles: a producer warpgroup (warp 0 copies) and two consumer
-// warpgroups.
+// The kernel's roles: a producer warpgroup (warp 0 copies; for FP8 caches
+// warps 1..3 transpose V) and two consumer warpgroups.
 constexpr int kWgmmaProducerThreads = 128;
 constexpr int kWgmmaConsumerThreads = 256;
 constexpr int kWgmmaThreads = kWgmmaProducerThreads + kWgmmaConsumerThreads;
+constexpr int kWgmmaTransposeWarps = kWgmmaProducerThreads / 32 - 1;
 
 template <int kHeadDimValue, class ElementType, int kRowsValue>
 struct DecodeConfig {
@@ -37,7 +46,8 @@ struct DecodeConfig {
   static constexpr int kHeadDim = kHeadDimValue;
   static constexpr int kRows = kRowsValue;  // N: rows rounded up, 8..64
   static constexpr int kTileKeys = kTileTokens;
-  static constexpr int kElemBytes = 2;
+  static constexpr bool kFp8 = std::is_same_v<Element, cute::float_e4m3_t>;
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;
   static_assert(kRows == 8 || kRows == 16 || kRows == 32 || kRows == 64);
   static_assert(kHeadDim % 64 == 0);
 
@@ -49,15 +59,18 @@ struct DecodeConfig {
   // Warps that release a K or V stage.
   static constexpr int kStageReaders = kSplitRows ? 8 : 4;
 
-  // Rows of the K/V tiles and of Q: 128-byte chunks of the 128-byte
-  // swizzle (a 16-bit row of 64 channels or more fills whole chunks).
-  static constexpr int kRowBytes = 128;
+  // Rows of the K/V tiles and of Q: chunks of at most 128 bytes (the
+  // widest swizzle); P^T and V^T rows are 64 keys.
+  static constexpr int kRowBytes =
+      kHeadDim * kElemBytes < 128 ? kHeadDim * kElemBytes : 128;
   static constexpr int kChunks = kHeadDim * kElemBytes / kRowBytes;
+  static constexpr int kKeyRowBytes = kTileKeys * kElemBytes;
 
   static constexpr int kStageBytes = kTileKeys * kHeadDim * kElemBytes;
   static constexpr int kQBytes = kRows * kHeadDim * kElemBytes;
+  static constexpr int kQScaleBytes = kFp8 ? kRows * 4 : 0;
   static constexpr int kPBytes = kWgRows * kTileKeys * kElemBytes;  // per wg
-  using Softmax = attention::ColumnSoftmax<kWgRows>;
+  using Softmax = attention::ColumnSoftmax<kWgRows, kFp8 ? 8 : 0>;
   static constexpr int kReduceBytes = Softmax::kScratchFloats * 4;  // per wg
   // Taking turns: warpgroup 1's state for warpgroup 0 to merge (O^T, then
   // the column maxima and sums).
@@ -65,31 +78,40 @@ struct DecodeConfig {
       kSplitRows ? 0 : (kHeadDim + 2) * kWgRows * 4;
 
   static constexpr int kQOffset = 0;
-  static constexpr int kPOffset = kQOffset + kQBytes;
+  static constexpr int kQScaleOffset = kQOffset + kQBytes;
+  static constexpr int kPOffset = kQScaleOffset + kQScaleBytes;
   static constexpr int kReduceOffset = kPOffset + 2 * kPBytes;
   static constexpr int kMergeOffset = kReduceOffset + 2 * kReduceBytes;
-  static constexpr int kKOffsetUnaligned = kMergeOffset + kMergeBytes;
-  // Stages on 1024-byte boundaries (the 128-byte swizzle's atom).
-  static constexpr int kKOffset = (kKOffsetUnaligned + 1023) / 1024 * 1024;
+  // Stages on 1024-byte boundaries (the swizzle atoms).
+  static constexpr int kKOffset =
+      (kMergeOffset + kMergeBytes + 1023) / 1024 * 1024;
 
-  // Shared memory a CTA may use on one SM; one CTA per SM.
+  // Shared memory a CTA may use on one SM; one CTA per SM. FP8: three V^T
+  // stages (the transposition runs a tile or two ahead) and raw V slots
+  // beside K; 16-bit: K and V stages alike.
   static constexpr int kSmemPerSm = 227 * 1024;
   static constexpr int kMaxStages = 8;
-  static constexpr int kStagesFit =
-      (kSmemPerSm - 2048 - kKOffset) / (2 * kStageBytes);
+  static constexpr int kVtStages = 3;
+  static constexpr int kSlots = (kSmemPerSm - 2048 - kKOffset) / kStageBytes;
+  static constexpr int kStagesFit = (kFp8 ? kSlots - kVtStages : kSlots) / 2;
   static constexpr int kStages =
       kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
+  static constexpr int kVStages = kFp8 ? kVtStages : kStages;
+  static constexpr int kRawSlots = kFp8 ? kStages : 0;
   static_assert(kStages >= 2, "rings of at least two stages");
   static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
-  static constexpr int kTileBytes = kVOffset + kStages * kStageBytes;
+  static constexpr int kRawOffset = kVOffset + kVStages * kStageBytes;
+  static constexpr int kTileBytes = kRawOffset + kRawSlots * kStageBytes;
   static constexpr int kSmemBytes = kTileBytes + 1024;  // alignment slack
+  static_assert(kTileBytes + 2048 <= kSmemPerSm, "shared memory");
 
   // Register budgets after reallocation.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  static constexpr int kProducerRegs = kFp8 ? 56 : 40;
+  static constexpr int kConsumerRegs = kFp8 ? 224 : 232;
 
-  using KAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
-  // K stages: (key, channel, stage), [chunk][key][128 bytes] per stage.
+  using KAtom = attention::KMajorAtom<Element, kRowBytes>;
+  using KeyRowAtom = attention::KMajorAtom<Element, kKeyRowBytes>;
+  // K stages: (key, channel, stage), [chunk][key][kRowBytes] per stage.
   using SmemLayoutK = decltype(cute::tile_to_shape(
       KAtom{}, cute::Shape<cute::Int<kTileKeys>, cute::Int<kHeadDim>,
                            cute::Int<kStages>>{}));
@@ -97,17 +119,14 @@ struct DecodeConfig {
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       KAtom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kHeadDim>,
                            cute::Int<kQParts>>{}));
-  // V^T over the V stages: (channel, key, stage), the same bytes as K's
-  // (key, channel, stage), MN-major.
-  using SmemLayoutVt = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-      cute::Shape<cute::Int<kHeadDim>, cute::Int<kTileKeys>,
-                  cute::Int<kStages>>{},
-      cute::Step<cute::_2, cute::_1, cute::_3>{}));
-  // P^T of one warpgroup: (row, key), K-major (one 128-byte row of 64 keys
-  // per query row).
+  // V^T over the V stages, (channel, key, stage).
+  using SmemLayoutVt =
+      decltype(attention::value_operand_layout<Element, kHeadDim, kTileKeys,
+                                               kVStages>());
+  // P^T of one warpgroup: (row, key), K-major (one row of 64 keys per query
+  // row).
   using SmemLayoutP = decltype(cute::tile_to_shape(
-      KAtom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kTileKeys>>{}));
+      KeyRowAtom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kTileKeys>>{}));
 
   using TiledMmaS = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<
@@ -118,7 +137,8 @@ struct DecodeConfig {
       cute::GMMA::ss_op_selector<
           Element, Element, float,
           cute::Shape<cute::_64, cute::Int<kWgRows>, cute::Int<kTileKeys>>,
-          cute::GMMA::Major::MN, cute::GMMA::Major::K>(),
+          kFp8 ? cute::GMMA::Major::K : cute::GMMA::Major::MN,
+          cute::GMMA::Major::K>(),
       cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>{}));
 };
 

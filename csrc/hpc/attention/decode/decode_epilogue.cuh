@@ -129,7 +129,9 @@ __device__ void store_item(const DecodeParams& p, const WorkItem& item,
       const int row = g.row0 + attention::column_of_slot(s, lane);
       if (row >= p.rows) continue;
       p.partial_lse[static_cast<int64_t>(item.partial_row) * p.rows + row] =
-          sum[s] > 0.f ? m[s] + log2f(sum[s]) : -INFINITY;
+          sum[s] > 0.f ? m[s] + log2f(sum[s]) -
+                             static_cast<float>(Config::Softmax::kSumLog2Scale)
+                       : -INFINITY;
     }
   }
 }

@@ -75,12 +75,17 @@ void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,
                           const CUtensorMap& k_map, const CUtensorMap& v_map,
                           int grid, cudaStream_t stream) {
   if (decode_uses_wgmma(kv_type)) {
-    if (kv_type == ElemType::kBf16) {
-      return launch_wgmma_rows<kHeadDim, cute::bfloat16_t>(params, k_map, v_map,
-                                                           grid, stream);
+    switch (kv_type) {
+      case ElemType::kBf16:
+        return launch_wgmma_rows<kHeadDim, cute::bfloat16_t>(
+            params, k_map, v_map, grid, stream);
+      case ElemType::kFp16:
+        return launch_wgmma_rows<kHeadDim, cute::half_t>(params, k_map, v_map,
+                                                         grid, stream);
+      case ElemType::kFp8E4m3:
+        return launch_wgmma_rows<kHeadDim, cute::float_e4m3_t>(
+            params, k_map, v_map, grid, stream);
     }
-    return launch_wgmma_rows<kHeadDim, cute::half_t>(params, k_map, v_map, grid,
-                                                     stream);
   }
   switch (kv_type) {
     case ElemType::kBf16:

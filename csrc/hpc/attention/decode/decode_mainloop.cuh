@@ -1,9 +1,11 @@
-// Consumer side of the swap-AB decode kernel: one consumer warpgroup's
-// tiles of one work item (decode_config.cuh for the layout). Per tile:
+// Consumer side of the swap-AB decode kernel: the queries of a work item,
+// and one consumer warpgroup's tiles of it (decode_config.cuh for the
+// layout). Per tile:
 //   wait K; S^T = K Q^T; release K
 //   soft-cap, mask (boundary tiles only); online softmax over the columns
 //   O^T *= alpha (when a column's maximum moved); P^T -> shared memory
-//   wait V; zero V rows past the sequence; O^T += V^T P^T; release V
+//   wait V (16-bit: zero its rows past the sequence); O^T += V^T P^T;
+//   release V
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <cute/tensor.hpp>
 
 #include "attention/common/column_softmax.cuh"
+#include "attention/common/fp8_operands.cuh"
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
 #include "attention/common/online_softmax.cuh"
@@ -47,10 +50,12 @@ struct ColumnInfo {
   float scale[kSlots];  // the softmax's logit scale, log2 domain (> 0)
 };
 
+// `smem_q_scale`: the row scales of queries quantized in the kernel (FP8
+// caches with 16-bit queries), else unused.
 template <class Config>
-__device__ ColumnInfo<Config::kWgRows / 4> column_info(const DecodeParams& p,
-                                                       const WorkItem& item,
-                                                       const ConsumerGroup& g) {
+__device__ ColumnInfo<Config::kWgRows / 4> column_info(
+    const DecodeParams& p, const WorkItem& item, const ConsumerGroup& g,
+    const float* smem_q_scale) {
   constexpr int kSlots = Config::kWgRows / 4;
   ColumnInfo<kSlots> c;
   const float k_scale = p.k_scale ? *p.k_scale : 1.f;
@@ -66,6 +71,8 @@ __device__ ColumnInfo<Config::kWgRows / 4> column_info(const DecodeParams& p,
       const int64_t token = static_cast<int64_t>(b) * p.query_tokens + t;
       scale *= p.q_scale[token * p.q_scale_token_stride + h * p.group +
                          row % p.group];
+    } else if (Config::kFp8 && row < p.rows) {
+      scale *= smem_q_scale[row];
     }
     // A zero scale (an all-zero query row) would turn -inf into NaN.
     scale = fmaxf(scale, 1e-30f);
@@ -75,35 +82,87 @@ __device__ ColumnInfo<Config::kWgRows / 4> column_info(const DecodeParams& p,
   return c;
 }
 
+// Where byte `byte` of query row `row` goes in the Q tile (the warpgroups'
+// parts, each [chunk][row][kRowBytes]).
+template <class Config>
+__device__ __forceinline__ int q_tile_offset(int row, int byte) {
+  return Config::kQOffset +
+         row / Config::kWgRows * Config::kWgRows * Config::kHeadDim *
+             Config::kElemBytes +
+         attention::swizzled_offset<Config::kRowBytes>(row % Config::kWgRows,
+                                                       byte, Config::kWgRows);
+}
+
+// The queries' row `row` of `item` (a unit row: query token, then head).
+__device__ __forceinline__ const uint8_t* query_row(const DecodeParams& p,
+                                                    const WorkItem& item,
+                                                    int row) {
+  const int64_t token =
+      static_cast<int64_t>(item.unit % p.batch) * p.query_tokens +
+      row / p.group;
+  const int head = item.unit / p.batch * p.group + row % p.group;
+  const int elem_bytes = p.q_type == ElemType::kFp8E4m3 ? 1 : 2;
+  return static_cast<const uint8_t*>(p.q) +
+         (token * p.q_token_stride + head * p.q_head_stride) * elem_bytes;
+}
+
 // The unit's query rows into the Q tile (rows past p.rows zero), by all
 // consumer threads (`thread` of kWgmmaConsumerThreads), 8 bytes at a time
 // (query rows are only 8-byte aligned in general: slices of a fused QKV
-// tensor).
+// tensor). Queries in the tile's type are copied; 16-bit queries over an
+// FP8 cache are quantized per row (e4m3_row_scale), their scales stored
+// beside the tile.
 template <class Config>
 __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
                              uint8_t* smem, int thread) {
-  constexpr int kUnitsPerRow = Config::kHeadDim / 4;
-  const int b = item.unit % p.batch;
-  const int h = item.unit / p.batch;
-  for (int e = thread; e < Config::kRows * kUnitsPerRow;
-       e += kWgmmaConsumerThreads) {
-    const int row = e / kUnitsPerRow;
-    const int unit = e % kUnitsPerRow;
-    uint2 v = make_uint2(0, 0);
-    if (row < p.rows) {
-      const int64_t token =
-          static_cast<int64_t>(b) * p.query_tokens + row / p.group;
-      const int head = h * p.group + row % p.group;
-      v = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.q) +
-                                          token * p.q_token_stride +
-                                          head * p.q_head_stride + 4 * unit);
+  if (!Config::kFp8 || p.q_type == ElemType::kFp8E4m3) {
+    constexpr int kUnitsPerRow = Config::kHeadDim * Config::kElemBytes / 8;
+    for (int e = thread; e < Config::kRows * kUnitsPerRow;
+         e += kWgmmaConsumerThreads) {
+      const int row = e / kUnitsPerRow;
+      const int unit = e % kUnitsPerRow;
+      uint2 v = make_uint2(0, 0);
+      if (row < p.rows) {
+        v = *reinterpret_cast<const uint2*>(query_row(p, item, row) + 8 * unit);
+      }
+      *reinterpret_cast<uint2*>(smem + q_tile_offset<Config>(row, 8 * unit)) =
+          v;
     }
-    const int part = row / Config::kWgRows;
-    *reinterpret_cast<uint2*>(
-        smem + Config::kQOffset +
-        part * Config::kWgRows * Config::kHeadDim * Config::kElemBytes +
-        attention::swizzled_offset<Config::kRowBytes>(
-            row % Config::kWgRows, 8 * unit, Config::kWgRows)) = v;
+    return;
+  }
+  // 16 channels per lane, kLanesPerRow consecutive lanes per row; every
+  // lane takes part in each pass (the row's amax is a shuffle).
+  constexpr int kLanesPerRow = Config::kHeadDim / 16;
+  constexpr int kRowsPerPass = kWgmmaConsumerThreads / kLanesPerRow;
+  float* q_scale = reinterpret_cast<float*>(smem + Config::kQScaleOffset);
+  const bool bf16 = p.q_type == ElemType::kBf16;
+  const int part = thread % kLanesPerRow;
+#pragma unroll 1
+  for (int r0 = 0; r0 < Config::kRows; r0 += kRowsPerPass) {
+    const int row = r0 + thread / kLanesPerRow;
+    float x[16];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      uint4 raw = make_uint4(0, 0, 0, 0);
+      if (row < p.rows) {
+        const uint2* src = reinterpret_cast<const uint2*>(
+            query_row(p, item, row) + 2 * (16 * part + 8 * u));
+        const uint2 lo = src[0];
+        const uint2 hi = src[1];
+        raw = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      }
+      attention::unpack_16bit_unit(raw, bf16, &x[8 * u]);
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));
+    const float scale =
+        attention::e4m3_row_scale(attention::row_abs_max<kLanesPerRow>(amax));
+    if (row < Config::kRows) {
+      *reinterpret_cast<uint4*>(smem + q_tile_offset<Config>(row, 16 * part)) =
+          attention::quantize16_e4m3(x, scale);
+      if (part == 0) q_scale[row] = scale;
+    }
   }
 }
 
@@ -135,7 +194,7 @@ __device__ void zero_stale_v_rows(uint8_t* stage, int valid,
 template <class Config, class FragO>
 __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
                          const ConsumerGroup& g, uint8_t* smem,
-                         KvRingBarriers<Config::kStages>& bar, FragO& acc_o,
+                         DecodeBarriers<Config>& bar, FragO& acc_o,
                          typename Config::Softmax& softmax, int& parity) {
   using namespace cute;
   using Element = typename Config::Element;
@@ -170,7 +229,8 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
   float* reduce = reinterpret_cast<float*>(smem + Config::kReduceOffset +
                                            g.wg * Config::kReduceBytes);
 
-  const ColumnInfo<kSlots> cols = column_info<Config>(p, item, g);
+  const ColumnInfo<kSlots> cols = column_info<Config>(
+      p, item, g, reinterpret_cast<const float*>(smem + Config::kQScaleOffset));
   const attention::KeyTiles keys = attention::KeyTiles::of(
       attention::query_position(item.kv_len, p.query_tokens, 0),
       attention::query_position(item.kv_len, p.query_tokens,
@@ -215,28 +275,33 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
     for (int s = 0; s < kSlots; ++s) moved |= alpha[s] != 1.f;
     if (__any_sync(0xffffffffu, moved)) attention::scale_columns(acc_o, alpha);
 
-    // P^T, one element per value (its key and column), for the wgmma.
+    // P^T, one element per value (its key and column), for the wgmma; FP8:
+    // at the key's k-position in V^T's order.
 #pragma unroll
     for (int i = 0; i < size(acc_s); ++i) {
-      const int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
+      int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
+      if constexpr (Config::kFp8) {
+        key = (key & ~15) | attention::position_of_prob_key(key & 15);
+      }
       sP(attention::fragment_column(i, lane), key) = Element(acc_s(i));
     }
 
-    FullBarrier::wait(&bar.v_full[slot.stage], slot.phase);
+    const RingSlot<Config::kVStages> v = RingSlot<Config::kVStages>::of(it);
+    FullBarrier::wait(&bar.v_full[v.stage], v.phase);
     const int valid = item.kv_len - tile * Config::kTileKeys;
-    if (valid < Config::kTileKeys) {
-      // The fence and barrier there also cover the P^T stores above.
+    if (!Config::kFp8 && valid < Config::kTileKeys) {
+      // (FP8: zeroed by the transposition.) The fence and barrier there
+      // also cover the P^T stores above.
       cutlass::arch::fence_view_async_shared();
       zero_stale_v_rows<Config>(
-          smem + Config::kVOffset + slot.stage * Config::kStageBytes, valid, g);
+          smem + Config::kVOffset + v.stage * Config::kStageBytes, valid, g);
     } else {
       cutlass::arch::fence_view_async_shared();
       named_barrier_sync(g.barrier(), 128);
     }
-    attention::wgmma_batch(mma_o, tOrV(_, _, _, slot.stage), tOrP, acc_o,
-                           false);
+    attention::wgmma_batch(mma_o, tOrV(_, _, _, v.stage), tOrP, acc_o, false);
     warpgroup_wait<0>();
-    attention::release(&bar.v_empty[slot.stage]);
+    attention::release(&bar.v_empty[v.stage]);
   }
 }
 

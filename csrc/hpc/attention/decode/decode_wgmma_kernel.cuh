@@ -4,8 +4,9 @@
 // (combine.cuh), over the CTA's work items (decode_work.cuh).
 //
 // One persistent CTA per SM of three warpgroups: the producer warpgroup
-// gives up registers (warp 0 copies); the two consumer warpgroups take them
-// and compute (decode_config.cuh). The unit's queries are loaded into shared
+// gives up registers (warp 0 copies; for FP8 caches warps 1..3 transpose
+// V); the two consumer warpgroups take them and compute
+// (decode_config.cuh). The unit's queries are loaded into shared
 // memory by the consumers at the start of each work item.
 #pragma once
 
@@ -41,7 +42,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   extern __shared__ uint8_t decode_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(decode_smem_raw) + 1023) & ~uintptr_t(1023));
-  __shared__ KvRingBarriers<Config::kStages> bar;
+  __shared__ DecodeBarriers<Config> bar;
   __shared__ int last_piece;
   __shared__ float row_stats[2 * kMaxRows];
   constexpr int kConsumers =
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   if (threadIdx.x == 0) {
     prefetch_tma_descriptor(&k_map);
     prefetch_tma_descriptor(&v_map);
-    bar.init(Config::kStageReaders);
+    bar.init(Config::kStageReaders, Config::kFp8 ? kWgmmaTransposeWarps : 1);
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
@@ -72,6 +73,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     if (threadIdx.x < 32) {
       load_kv_tiles<Config>(p, &k_map, &v_map, smem, bar);
+    } else if constexpr (Config::kFp8) {
+      transpose_v_tiles<Config>(p, smem, bar);
     }
     return;
   }

@@ -26,6 +26,7 @@
 #include <cute/tensor.hpp>
 
 #include "attention/common/fp8_operands.cuh"
+#include "attention/common/gmma_layouts.cuh"
 #include "attention/common/online_softmax.cuh"
 #include "attention/prefill/prefill_params.h"
 #include "attention/prefill/prefill_pipeline.cuh"
@@ -39,30 +40,6 @@ constexpr int kSmemPerSm = 227 * 1024;
 // Registers a CTA holds at launch (the kernel's cap for 384 threads, one
 // CTA per SM) and hands between its warpgroups.
 constexpr int kCtaRegisters = 168 * kPrefillThreads;
-
-// The K-major shared-memory atom of rows of kRowBytes bytes, 128 or 64 (the
-// swizzle of the copies that fill it).
-template <class Element, int kRowBytes>
-using KMajorAtom = std::conditional_t<kRowBytes == 128,
-                                      cute::GMMA::Layout_K_SW128_Atom<Element>,
-                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
-
-// The PV operand over the V stages, (channel, key, stage). 16-bit: the same
-// bytes as the K layout's (key, channel, stage), MN-major (keys tile first,
-// then channel chunks, then stages). FP8: V^T, channel rows of kBlockN
-// keys, K-major.
-template <class Element, int kHeadDim, int kBlockN, int kStages>
-constexpr auto pv_operand_layout() {
-  using Shape =
-      cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>;
-  if constexpr (std::is_same_v<Element, cute::float_e4m3_t>) {
-    return cute::tile_to_shape(KMajorAtom<Element, kBlockN>{}, Shape{});
-  } else {
-    return cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-                               Shape{},
-                               cute::Step<cute::_2, cute::_1, cute::_3>{});
-  }
-}
 
 // Element: cute::bfloat16_t, cute::half_t or cute::float_e4m3_t, the cache
 // and MMA operand type.
@@ -145,14 +122,15 @@ struct PrefillConfig {
   using Softmax = attention::OnlineSoftmax<kFp8 ? 8 : 0>;
 
   using SmemLayoutQ = decltype(cute::tile_to_shape(
-      KMajorAtom<Element, kRowBytes>{},
+      attention::KMajorAtom<Element, kRowBytes>{},
       cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
-      KMajorAtom<Element, kRowBytes>{},
+      attention::KMajorAtom<Element, kRowBytes>{},
       cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>,
                   cute::Int<kStages>>{}));
   using SmemLayoutVt =
-      decltype(pv_operand_layout<Element, kHeadDim, kBlockN, kVStages>());
+      decltype(attention::value_operand_layout<Element, kHeadDim, kBlockN,
+                                               kVStages>());
 
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<
