@@ -548,7 +548,10 @@ def rope_norm_store_kv_unchecked(
 # ---------------------------------------------------------------------------
 
 DECODE_TILE_TOKENS = 64
-MAX_DECODE_QUERY_TOKENS = 4
+# Query tokens per request (speculative decoding: up to 7 draft tokens), and
+# rows of one KV head's decode tile: query tokens x GQA ratio.
+MAX_DECODE_QUERY_TOKENS = 8
+MAX_DECODE_ROWS = 64
 _DECODE_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 # Where the attention workspaces live, for the messages that name them.
 _ATTN_WORKSPACES = "vllm/v1/attention/ops/hpc_attn_workspace.py"
@@ -587,10 +590,18 @@ def _check_split_len(name: str, value: int) -> None:
         )
 
 
-def _check_query_tokens(query_tokens: int) -> None:
+def _check_query_tokens(query_tokens: int, group: int | None = None) -> None:
+    """1..MAX_DECODE_QUERY_TOKENS query tokens per request, and (with the
+    GQA ratio ``group``) at most MAX_DECODE_ROWS rows per KV head."""
     if not 1 <= query_tokens <= MAX_DECODE_QUERY_TOKENS:
         raise ValueError(
             f"query_tokens is {query_tokens}; accepted: 1..{MAX_DECODE_QUERY_TOKENS}"
+        )
+    if group is not None and query_tokens * group > MAX_DECODE_ROWS:
+        raise ValueError(
+            f"query_tokens x GQA ratio is {query_tokens} x {group}; accepted: "
+            f"at most {MAX_DECODE_ROWS} (1..{MAX_DECODE_ROWS // group} query "
+            f"tokens at GQA ratio {group})"
         )
 
 
@@ -804,7 +815,7 @@ def _validate_decode(
     )
     _, num_kv_heads, head_size, fp8_kv = _check_paged_cache(key_cache, value_cache)
     tokens, num_q_heads = _check_query(q, key_cache.dtype, num_kv_heads, head_size, 4)
-    _check_query_tokens(query_tokens)
+    _check_query_tokens(query_tokens, num_q_heads // num_kv_heads)
     batch = kv_lens.shape[0] if kv_lens.dim() == 1 else -1
     _check_ndim("kv_lens", kv_lens, 1, "[batch]")
     _check_dtype("kv_lens", kv_lens, (torch.int32,))

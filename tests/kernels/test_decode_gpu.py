@@ -228,14 +228,20 @@ def _shape_cases() -> list[Case]:
 
 
 def _query_token_cases() -> list[Case]:
-    """Query tokens 1..4 x every GQA ratio (q x ratio <= 64 rows), cycling
-    head sizes, block sizes, layouts and cache dtypes."""
+    """Query tokens 1..8 x every GQA ratio with q x ratio <= 64 rows (the
+    decode tile), cycling head sizes, block sizes, layouts and cache
+    dtypes."""
     cases = []
     kv_dtypes = (BF16, FP16, FP8_DTYPE)
-    for i, (q, ratio) in enumerate(itertools.product((1, 2, 3, 4), RATIOS)):
+    pairs = [
+        (q, ratio)
+        for q, ratio in itertools.product(range(1, 9), RATIOS)
+        if q * ratio <= 64
+    ]
+    for i, (q, ratio) in enumerate(pairs):
         kv_dtype = kv_dtypes[i % 3]
         q_dtype = FP8_DTYPE if kv_dtype == FP8_DTYPE and i % 2 else None
-        spare_q = 1 if q < 4 and (q + 1) * ratio <= 64 and i % 4 == 1 else 0
+        spare_q = 1 if q < 8 and (q + 1) * ratio <= 64 and i % 4 == 1 else 0
         cases.append(
             Case(
                 lens=(q, 63, 64, 65, 1000, 3000),

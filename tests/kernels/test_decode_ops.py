@@ -152,7 +152,7 @@ BAD_CASES = {
         _with(out=torch.empty(BATCH, HQ, D // 2, dtype=torch.bfloat16, device=META)),
         "out shape",
     ),
-    "query-tokens": (_with(query_tokens=5), "query_tokens"),
+    "query-tokens": (_with(query_tokens=9), "query_tokens"),
     "workspace-heads": (
         _with(workspace=workspace(num_kv_heads=4)),
         "workspace was sized",
@@ -234,6 +234,9 @@ def test_decode_validation(args: dict, match: str) -> None:
         ({"window": -5}, "window"),
         ({"max_batch": 0}, "max_batch"),
         ({"device": "cpu"}, "CUDA device"),
+        ({"max_query_tokens": 9}, "query_tokens"),
+        # 16 query heads over 2 KV heads: 8 rows per query token.
+        ({"max_query_tokens": 8, "num_kv_heads": 1}, r"query_tokens x GQA ratio"),
     ],
 )
 def test_workspace_validation(kwargs: dict, match: str) -> None:

@@ -492,7 +492,7 @@ def test_first_item_check_detects_a_wrong_descriptor(field: int) -> None:
         ({"kv_lens": torch.tensor([1], dtype=torch.int64)}, "kv_lens"),
         ({"kv_lens": torch.tensor([[1]], dtype=torch.int32)}, "kv_lens"),
         ({"num_kv_heads": 0}, "num_kv_heads"),
-        ({"query_tokens": 5}, "query_tokens"),
+        ({"query_tokens": 9}, "query_tokens"),
         ({"query_tokens": 0}, "query_tokens"),
         ({"num_ctas": 0}, "num_ctas"),
         ({"min_split_len": 100}, "min_split_len"),

@@ -771,8 +771,17 @@ def test_reorder_threshold_and_cudagraph_support(
 
 
 def test_too_many_speculative_tokens_rejected(fake_workspaces, llama_model):
-    with pytest.raises(ValueError, match="at most 3 speculative tokens"):
-        _builder(llama_model, num_spec=4)
+    with pytest.raises(ValueError, match="at most 7 speculative tokens"):
+        _builder(llama_model, num_spec=8)
+
+
+def test_speculative_rows_past_the_decode_tile_rejected(fake_workspaces, model_root):
+    """GQA 16 (128 query heads over the spec's 8 KV heads): 4 query tokens
+    fill the 64 rows of a KV head's decode tile, 5 do not fit."""
+    gqa16 = _model_config(model_root, 128, 8, 128)
+    _builder(gqa16, num_spec=3)
+    with pytest.raises(ValueError, match=r"at most 64 rows .* GQA ratio 16"):
+        _builder(gqa16, num_spec=4)
 
 
 def _check_prefill_plan(builder, md, common, num_decodes):

@@ -60,6 +60,7 @@ import torch
 from vllm._custom_ops import reshape_and_cache_flash
 from vllm._hpc_ops import (
     MAX_DECODE_QUERY_TOKENS,
+    MAX_DECODE_ROWS,
     MAX_GQA_RATIO,
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
@@ -225,6 +226,14 @@ class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
         ) or model_config.get_num_attention_heads(parallel_config)
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
+        group = self.num_q_heads // self.num_kv_heads
+        if self.reorder_batch_threshold * group > MAX_DECODE_ROWS:
+            raise ValueError(
+                f"HPC_ATTN decodes at most {MAX_DECODE_ROWS} rows (query tokens x "
+                f"GQA ratio) per KV head; {self.reorder_batch_threshold} query "
+                f"tokens per request (num_speculative_tokens={num_spec}) at GQA "
+                f"ratio {group} are {self.reorder_batch_threshold * group}"
+            )
         self.window = self._layer_window(
             vllm_config,
             layer_names,

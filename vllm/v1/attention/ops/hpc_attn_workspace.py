@@ -136,8 +136,8 @@ class DecodeWorkspace:
                 f"head_size is {head_size}; accepted: {SUPPORTED_HEAD_SIZES}"
             )
         _check_gqa(num_q_heads, num_kv_heads)
-        _check_query_tokens(max_query_tokens)
         group = num_q_heads // num_kv_heads
+        _check_query_tokens(max_query_tokens, group)
         _check_split_len("min_split_len", min_split_len)
         _check_split_len("fixed_split_len", fixed_split_len)
         mode = _resolve_mode(mode, fixed_split_len)
