@@ -12,29 +12,22 @@ namespace hpc {
 namespace decode {
 
 // Turns the CTA's granule range into work items, in order, with the
-// planners' own resolution (resolve_item, decode_plan.h).
+// planners' own resolution (resolve_item, decode_plan.h). The first item
+// comes whole from the CTA's descriptor in the plan (one 32-byte read, so
+// the first copy waits on one load instead of a chain); the range and the
+// rest of the plan are read when the second item is asked for.
 class WorkCursor {
  public:
-  __device__ WorkCursor(const DecodeParams& p, int cta)
-      : p_(p),
-        cta_(cta),
-        total_(p.plan[kTotalGranules]),
-        num_ctas_(p.plan[kNumCtas]),
-        mode_(static_cast<SplitMode>(p.plan[kMode])),
-        split_tiles_(p.plan[kSplitTiles]) {
-    if (cta < num_ctas_) {
-      const int32_t* begin = p.plan + p.layout.cta_granule_begin();
-      x_ = begin[cta];
-      end_ = begin[cta + 1];
-      unit_ = p.plan[p.layout.cta_first_unit() + cta];
-    } else {
-      x_ = end_ = 0;
-      unit_ = 0;
-    }
-  }
+  __device__ WorkCursor(const DecodeParams& p, int cta) : p_(p), cta_(cta) {}
 
   __device__ bool next(WorkItem& item) {
-    if (x_ >= end_) return false;
+    if (state_ == State::kFirst) return first(item);
+    if (state_ == State::kDone) return false;
+    if (state_ == State::kSecond) locate_after_first();
+    if (x_ >= end_) {
+      state_ = State::kDone;
+      return false;
+    }
     const ItemSource source{
         p_.plan,   p_.layout, p_.kv_lens,   p_.batch, p_.query_tokens,
         p_.window, mode_,     split_tiles_, total_,   num_ctas_};
@@ -43,15 +36,57 @@ class WorkCursor {
   }
 
  private:
+  enum class State { kFirst, kSecond, kRest, kDone };
+
+  __device__ bool first(WorkItem& item) {
+    const int4* d =
+        reinterpret_cast<const int4*>(p_.plan + p_.layout.cta_first_item() +
+                                      static_cast<int64_t>(cta_) * kItemWords);
+    const int4 lo = d[0];
+    const int4 hi = d[1];
+    static_assert(kItemUnit == 0 && kItemKvLen == 1 && kItemTileBegin == 2 &&
+                  kItemTileEnd == 3 && kItemPieces == 4 &&
+                  kItemFirstPartial == 5 && kItemPartialRow == 6 &&
+                  kItemWords == 8);
+    if (lo.x < 0) {
+      state_ = State::kDone;
+      return false;
+    }
+    item = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z};
+    unit_ = lo.x;
+    state_ = State::kSecond;
+    return true;
+  }
+
+  // The granule after the first item: the end of the first item's unit
+  // within the range (balanced), else the granule after the range's first.
+  __device__ void locate_after_first() {
+    state_ = State::kRest;
+    total_ = p_.plan[kTotalGranules];
+    num_ctas_ = p_.plan[kNumCtas];
+    mode_ = static_cast<SplitMode>(p_.plan[kMode]);
+    split_tiles_ = p_.plan[kSplitTiles];
+    const int32_t* begin = p_.plan + p_.layout.cta_granule_begin();
+    x_ = begin[cta_];
+    end_ = begin[cta_ + 1];
+    if (mode_ == SplitMode::kBalanced) {
+      const int last = p_.plan[p_.layout.unit_granule_offset() + unit_ + 1];
+      x_ = last < end_ ? last : end_;
+    } else {
+      x_ += 1;
+    }
+  }
+
   const DecodeParams& p_;
   int cta_;
-  int total_;
-  int num_ctas_;
-  SplitMode mode_;
-  int split_tiles_;
-  int x_;
-  int end_;
-  int unit_;
+  State state_ = State::kFirst;
+  int total_ = 0;
+  int num_ctas_ = 0;
+  SplitMode mode_ = SplitMode::kBalanced;
+  int split_tiles_ = 0;
+  int x_ = 0;
+  int end_ = 0;
+  int unit_ = 0;
 };
 
 }  // namespace decode
