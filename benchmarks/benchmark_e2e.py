@@ -33,7 +33,9 @@ usage: python benchmarks/benchmark_e2e.py [--models hy3] [--kv bf16,fp8]
 
 ``--profile`` records, per run, the kernels that took the most device time in
 four decode steps (``decode_kernels`` in ``runs.json``), to tell where one
-backend's step time goes against another's.
+backend's step time goes against another's; the decode records then carry
+``attn_kernel_us_per_layer``, the device time of the backend's own decode
+attention kernels per layer (``ATTENTION_KERNELS``).
 """
 
 from __future__ import annotations
@@ -383,7 +385,29 @@ def _agreement(hpc: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+# Name parts of each backend's decode attention kernels in a profile (its
+# per-step planners and the rest of the step are not counted).
+ATTENTION_KERNELS = {
+    "HPC_ATTN": ("hpc::decode::decode_",),
+    "FLASH_ATTN": ("flash::FlashAttnFwd",),
+    "TRITON_ATTN": ("kernel_unified_attention", "reduce_segments"),
+}
+
+
+def attention_us_per_layer(run: dict[str, Any], layers: int) -> float | None:
+    """Device time of the run's decode attention kernels per layer in a
+    profiled decode step (``--profile``), or None without a profile."""
+    kernels = run.get("decode_kernels")
+    if not kernels:
+        return None
+    parts = ATTENTION_KERNELS[run["backend"]]
+    total = sum(
+        k["us_per_step"] for k in kernels if any(x in k["kernel"] for x in parts)
+    )
+    return round(total / layers, 2)
+
+
+def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
     records = []
     by_key = {(r["model"], r["kv"], r["backend"]): r for r in runs if "error" not in r}
     for model, kv in sorted({(r["model"], r["kv"]) for r in runs}):
@@ -400,6 +424,9 @@ def _records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     (model, kv, next(k for k, v in IMPL_NAMES.items() if v == impl))
                 ]
                 extra["init_s"] = run["init_s"]
+                attn_us = attention_us_per_layer(run, layers)
+                if what == "decode" and attn_us is not None:
+                    extra["attn_kernel_us_per_layer"] = attn_us
                 if impl == "hpc" and what == "decode":
                     ref = by_key.get((model, kv, "TRITON_ATTN"))
                     if ref is not None:
@@ -502,7 +529,7 @@ def main() -> None:
 
     bench_utils.finish_run(
         RESULT_NAME,
-        _records(runs),
+        _records(runs, args.layers),
         bandwidth_gbps=bench_utils.measure_copy_bandwidth_gbps(),
         out_dir=out,
         impl="hpc",
