@@ -136,6 +136,9 @@ CASES = [
         num_spec=3,
         fp8_queries=True,
     ),
+    # Seven speculative tokens (8-token decode rows: 32 rows per KV head at
+    # GQA 4), then a 9-token prefill row.
+    Case("spec7-bf16", (8, 8, 9), (3000, 8, 500), num_spec=7),
     # Chunked prefill: a 256-token chunk after 2000 cached keys, a 1000-token
     # chunk after 3000, and a decode.
     Case("chunked-bf16", (1, 256, 1000), (5000, 2256, 4000)),
