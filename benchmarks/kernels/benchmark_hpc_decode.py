@@ -225,6 +225,9 @@ STEP_WORK = {
     FLEX: "BlockMask built once before capture (not counted)",
     TRITON: "none",
     FLASHINFER: "plan() on the host once before capture (not counted)",
+    HPC_WGMMA: (
+        f"decode planner once per graph, before the {W1B_LAYERS} layers (counted)"
+    ),
 }
 
 

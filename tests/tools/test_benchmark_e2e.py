@@ -74,7 +74,13 @@ def test_records_ratios_and_missing_runs():
         _run("TRITON_ATTN", 150.0, 1200.0, [5], logprobs),
         {"model": "hy3", "kv": "bf16", "backend": "FLASH_ATTN", "error": "exit 1"},
     ]
-    records = {(r["case"], r["impl"]): r for r in e2e._records(runs)}
+    # A profiled HPC_ATTN step: its decode kernels count, its planner does not.
+    runs[0]["decode_kernels"] = [
+        {"kernel": "void hpc::decode::decode_kernel<128>(...)", "us_per_step": 30.0},
+        {"kernel": "void hpc::decode::plan_decode_kernel(...)", "us_per_step": 4.0},
+        {"kernel": "void hpc::moe::moe_gemm_kernel<true>(...)", "us_per_step": 50.0},
+    ]
+    records = {(r["case"], r["impl"]): r for r in e2e._records(runs, layers=2)}
     assert set(records) == {
         ("hy3-bf16-decode", "hpc"),
         ("hy3-bf16-decode", "triton_attn"),
@@ -84,6 +90,9 @@ def test_records_ratios_and_missing_runs():
     assert records[("hy3-bf16-decode", "hpc")]["ratios"] == {"triton_attn": 1.5}
     assert records[("hy3-bf16-prefill", "hpc")]["ratios"] == {"triton_attn": 3.0}
     assert records[("hy3-bf16-decode", "triton_attn")]["ratios"] == {}
+    assert records[("hy3-bf16-decode", "hpc")]["attn_kernel_us_per_layer"] == 15.0
+    assert "attn_kernel_us_per_layer" not in records[("hy3-bf16-decode", "triton_attn")]
+    assert "attn_kernel_us_per_layer" not in records[("hy3-bf16-prefill", "hpc")]
     agreement = records[("hy3-bf16-decode", "hpc")]["agreement_triton_attn"]
     assert agreement["same_tokens"] == "1/1"
     assert all(r["workload"] == "E2E" for r in records.values())
