@@ -39,6 +39,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cute/arch/copy_sm90_tma.hpp>
 
+#include "attention/common/paged_kv_tma.cuh"
 #include "attention/decode/combine.cuh"
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
@@ -126,41 +127,6 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 constexpr uint64_t kEvictFirst =
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
 
-// Block ids of a work item, read 32 at a time by the producer warp's lanes
-// (one lane per block) with the next 32 already in flight, so that issuing a
-// tile never waits on a block-table load.
-class BlockIdWindow {
- public:
-  __device__ BlockIdWindow(const int32_t* table, int first, int end, int lane)
-      : table_(table), end_(end), lane_(lane), base_(first) {
-    current_ = load(base_);
-    next_ = load(base_ + 32);
-  }
-
-  // Block id of block `index` of the sequence, held by lane `index - base`;
-  // every lane of the warp must call this with the same `first_index`.
-  __device__ int get(int first_index, int index) {
-    if (first_index >= base_ + 32) {
-      base_ += 32;
-      current_ = next_;
-      next_ = load(base_ + 32);
-    }
-    return __shfl_sync(0xffffffffu, current_, (index - base_) & 31);
-  }
-
- private:
-  __device__ int load(int base) const {
-    return base + lane_ < end_ ? table_[base + lane_] : 0;
-  }
-
-  const int32_t* table_;
-  int end_;
-  int lane_;
-  int base_;
-  int current_;
-  int next_;
-};
-
 template <int kHeadDim, int kKvBytes, int kStages>
 __device__ void produce_tiles(const DecodeParams& p, const CUtensorMap* tmap_k,
                               const CUtensorMap* tmap_v, uint8_t* stages,
@@ -178,9 +144,10 @@ __device__ void produce_tiles(const DecodeParams& p, const CUtensorMap* tmap_k,
     const int b = item.unit % p.batch;
     const int h = item.unit / p.batch;
     const int seq_blocks = (item.kv_len + bs - 1) / bs;
-    BlockIdWindow ids(p.block_table + b * p.block_table_stride,
-                      item.tile_begin * blocks_per_tile,
-                      min(item.tile_end * blocks_per_tile, seq_blocks), lane);
+    attention::BlockIdWindow ids(
+        p.block_table + b * p.block_table_stride,
+        item.tile_begin * blocks_per_tile,
+        min(item.tile_end * blocks_per_tile, seq_blocks), lane);
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
       const int first_block = tile * blocks_per_tile;
       const int blocks = min(blocks_per_tile, seq_blocks - first_block);

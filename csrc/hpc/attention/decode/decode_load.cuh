@@ -97,21 +97,27 @@ __device__ void load_kv_tiles(const DecodeParams& p, const CUtensorMap* k_map,
     const int b = item.unit % p.batch;
     const int h = item.unit / p.batch;
     const int seq_blocks = (item.kv_len + bs - 1) / bs;
-    const int32_t* ids = p.block_table + b * p.block_table_stride;
+    attention::BlockIdWindow ids(
+        p.block_table + b * p.block_table_stride,
+        item.tile_begin * blocks_per_tile,
+        min(item.tile_end * blocks_per_tile, seq_blocks), lane);
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
       const int first = tile * blocks_per_tile;
       const int blocks = min(blocks_per_tile, seq_blocks - first);
       const uint32_t bytes = KvTile::bytes(blocks, bs);
+      // This lane's block of the tile (its K and V copies).
+      const int block_id =
+          ids.get(first, first + min(KvTile::lane_block(lane), blocks - 1));
       const RingSlot<Config::kStages> slot = RingSlot<Config::kStages>::of(it);
       EmptyBarrier::wait(&bar.k_empty[slot.stage], slot.phase ^ 1);
       if (lane == 0) {
         FullBarrier::arrive_and_expect_tx(&bar.k_full[slot.stage], bytes);
       }
       __syncwarp();
-      KvTile::issue(k_map, &bar.k_full[slot.stage],
-                    smem + Config::kKOffset + slot.stage * Config::kStageBytes,
-                    ids + first, blocks, bs, h, Config::kElemBytes,
-                    kKvStreamHint, lane);
+      KvTile::issue_block(
+          k_map, &bar.k_full[slot.stage],
+          smem + Config::kKOffset + slot.stage * Config::kStageBytes, block_id,
+          blocks, bs, h, Config::kElemBytes, kKvStreamHint, lane);
       uint64_t* v_full;
       uint8_t* v_dst;
       if constexpr (Config::kFp8) {
@@ -128,8 +134,8 @@ __device__ void load_kv_tiles(const DecodeParams& p, const CUtensorMap* k_map,
       }
       if (lane == 0) FullBarrier::arrive_and_expect_tx(v_full, bytes);
       __syncwarp();
-      KvTile::issue(v_map, v_full, v_dst, ids + first, blocks, bs, h,
-                    Config::kElemBytes, kKvStreamHint, lane);
+      KvTile::issue_block(v_map, v_full, v_dst, block_id, blocks, bs, h,
+                          Config::kElemBytes, kKvStreamHint, lane);
     }
   }
 }
