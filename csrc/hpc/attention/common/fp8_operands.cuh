@@ -51,6 +51,15 @@ __host__ __device__ constexpr int position_of_prob_key(int key) {
   return 4 * ((key >> 1) & 3) + 2 * (key >> 3) + (key & 1);
 }
 
+constexpr bool prob_key_positions_are_inverse() {
+  for (int k = 0; k < 16; ++k) {
+    if (prob_key_of_position(position_of_prob_key(k)) != k) return false;
+  }
+  return true;
+}
+static_assert(prob_key_positions_are_inverse(),
+              "P^T and V^T must agree on the key at each k-position");
+
 // Two floats to two E4M3 bytes (low byte first), saturating.
 __device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
   return static_cast<uint32_t>(
