@@ -51,7 +51,6 @@ class BlockIdWindow {
 
 template <int kTileKeys, int kChunks, int kRowBytes>
 struct PagedKvTile {
-  static constexpr int kChunkElemsBytes = kRowBytes;
   static constexpr int kChunkBytes = kTileKeys * kRowBytes;
 
   // Transaction bytes of a tile made of `blocks` cache blocks.
@@ -80,6 +79,24 @@ struct PagedKvTile {
           map, bar, cache_hint,
           dst + chunk * kChunkBytes + blk * block_size * kRowBytes,
           chunk * kRowBytes / elem_bytes, 0, kv_head, block_id);
+    }
+  }
+
+  // Zeroes the rows of keys at and past `valid` of a landed tile, by
+  // `threads` threads (this one is `thread`): cache slots past a sequence
+  // may hold anything (NaN), and a zero probability times NaN is NaN. Rows
+  // are whole lines of each chunk (the swizzle only moves bytes within a
+  // row). The caller fences the async proxy and synchronizes its readers.
+  __device__ static void zero_keys_from(uint8_t* tile, int valid, int thread,
+                                        int threads) {
+    constexpr int kUnitsPerRow = kRowBytes / 16;
+    const int rows = kTileKeys - valid;
+    for (int e = thread; e < kChunks * rows * kUnitsPerRow; e += threads) {
+      const int chunk = e / (rows * kUnitsPerRow);
+      const int key = valid + (e / kUnitsPerRow) % rows;
+      *reinterpret_cast<uint4*>(tile + chunk * kChunkBytes + key * kRowBytes +
+                                16 * (e % kUnitsPerRow)) =
+          make_uint4(0, 0, 0, 0);
     }
   }
 

@@ -26,15 +26,14 @@ int ctas_per_sm(ElemType kv_type) {
 
 }  // namespace
 
-bool decode_uses_wgmma(ElemType kv_type) {
+bool decode_uses_wgmma() {
   // Read per call, so that one process can run (and compare) both.
   const char* kernel = std::getenv("HPC_DECODE_KERNEL");
-  (void)kv_type;
   return kernel != nullptr && std::strcmp(kernel, "wgmma") == 0;
 }
 
 int decode_ctas_per_sm(int head_dim, ElemType kv_type) {
-  if (decode_uses_wgmma(kv_type)) return 1;
+  if (decode_uses_wgmma()) return 1;
   switch (head_dim) {
     case 64:
       return ctas_per_sm<64>(kv_type);

@@ -25,11 +25,11 @@ void decode_attention(const DecodeParams& params, int head_dim,
 // should offer SM count x this many CTAs.
 int decode_ctas_per_sm(int head_dim, ElemType kv_type);
 
-// Whether decode with a `kv_type` cache runs the swap-AB wgmma kernel
+// Whether decode runs the swap-AB wgmma kernel
 // (decode_wgmma_kernel.cuh, one CTA per SM) instead of the mma.sync kernel
 // (decode_kernel.cuh). While the two stand side by side, the environment
 // variable HPC_DECODE_KERNEL=wgmma selects it (read at every call).
-bool decode_uses_wgmma(ElemType kv_type);
+bool decode_uses_wgmma();
 
 // Per head size (decode_hd<D>.cu): the decode kernel alone.
 template <int kHeadDim>

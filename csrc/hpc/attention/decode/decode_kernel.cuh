@@ -135,27 +135,20 @@ __device__ void produce_tiles(const DecodeParams& p, const CUtensorMap* tmap_k,
   // One TMA copy per (K or V, cache block, head-dim chunk): at most 32.
   static_assert(2 * 4 * Layout::kChunks <= 32, "one copy per lane");
   const int lane = threadIdx.x % 32;
-  const int bs = p.block_size;
-  const int blocks_per_tile = kTileTokens / bs;
   WorkCursor cursor(p, blockIdx.x);
   WorkItem item;
   int it = 0;
   while (cursor.next(item)) {
-    const int b = item.unit % p.batch;
-    const int h = item.unit / p.batch;
-    const int seq_blocks = (item.kv_len + bs - 1) / bs;
-    attention::BlockIdWindow ids(
-        p.block_table + b * p.block_table_stride,
-        item.tile_begin * blocks_per_tile,
-        min(item.tile_end * blocks_per_tile, seq_blocks), lane);
+    ItemBlocks blocks_of(p, item, lane);
+    const int h = blocks_of.kv_head;
+    const int bs = blocks_of.block_size;
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
-      const int first_block = tile * blocks_per_tile;
-      const int blocks = min(blocks_per_tile, seq_blocks - first_block);
+      const int blocks = blocks_of.count(tile);
       const int copies = 2 * blocks * Layout::kChunks;
       const int is_v = lane / (blocks * Layout::kChunks);
       const int blk = (lane % (blocks * Layout::kChunks)) / Layout::kChunks;
       const int chunk = lane % Layout::kChunks;
-      const int cache_block = ids.get(first_block, first_block + blk);
+      const int cache_block = blocks_of.id(tile, blk);
 
       const int stage = it % kStages;
       EmptyBarrier::wait(&empty[stage], ((it / kStages) & 1) ^ 1);

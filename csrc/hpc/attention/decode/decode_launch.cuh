@@ -74,7 +74,7 @@ template <int kHeadDim>
 void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,
                           const CUtensorMap& k_map, const CUtensorMap& v_map,
                           int grid, cudaStream_t stream) {
-  if (decode_uses_wgmma(kv_type)) {
+  if (decode_uses_wgmma()) {
     switch (kv_type) {
       case ElemType::kBf16:
         return launch_wgmma_rows<kHeadDim, cute::bfloat16_t>(

@@ -16,6 +16,7 @@
 
 #include "attention/common/fp8_operands.cuh"
 #include "attention/common/paged_kv_tma.cuh"
+#include "attention/common/ring_state.cuh"
 #include "attention/decode/decode_config.cuh"
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_work.cuh"
@@ -59,22 +60,12 @@ struct KvRingBarriers {
   }
 };
 
-// The stage and phase of the `it`-th tile of the CTA's sequence.
-template <int kStages>
-struct RingSlot {
-  int stage;
-  uint32_t phase;
-
-  __device__ static RingSlot of(int it) {
-    return {it % kStages, static_cast<uint32_t>((it / kStages) & 1)};
-  }
-};
+using attention::RingState;
 
 // K and V are streamed once: keep them from displacing reused data in L2.
 constexpr uint64_t kKvStreamHint =
     static_cast<uint64_t>(cute::TMA::CacheHintSm90::EVICT_FIRST);
 
-// Producer warp: every copy of every tile, in the consumers' order.
 template <class Config>
 using DecodeBarriers =
     KvRingBarriers<Config::kStages, Config::kVStages, Config::kRawSlots>;
@@ -87,28 +78,22 @@ __device__ void load_kv_tiles(const DecodeParams& p, const CUtensorMap* k_map,
                               DecodeBarriers<Config>& bar) {
   using KvTile = attention::PagedKvTile<Config::kTileKeys, Config::kChunks,
                                         Config::kRowBytes>;
+  static_assert(Config::kTileKeys == kTileTokens);
   const int lane = threadIdx.x % 32;
-  const int bs = p.block_size;
-  const int blocks_per_tile = Config::kTileKeys / bs;
   WorkCursor cursor(p, blockIdx.x);
   WorkItem item;
   int it = 0;
   while (cursor.next(item)) {
-    const int b = item.unit % p.batch;
-    const int h = item.unit / p.batch;
-    const int seq_blocks = (item.kv_len + bs - 1) / bs;
-    attention::BlockIdWindow ids(
-        p.block_table + b * p.block_table_stride,
-        item.tile_begin * blocks_per_tile,
-        min(item.tile_end * blocks_per_tile, seq_blocks), lane);
+    ItemBlocks blocks_of(p, item, lane);
+    const int h = blocks_of.kv_head;
+    const int bs = blocks_of.block_size;
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
-      const int first = tile * blocks_per_tile;
-      const int blocks = min(blocks_per_tile, seq_blocks - first);
+      const int blocks = blocks_of.count(tile);
       const uint32_t bytes = KvTile::bytes(blocks, bs);
       // This lane's block of the tile (its K and V copies).
       const int block_id =
-          ids.get(first, first + min(KvTile::lane_block(lane), blocks - 1));
-      const RingSlot<Config::kStages> slot = RingSlot<Config::kStages>::of(it);
+          blocks_of.id(tile, min(KvTile::lane_block(lane), blocks - 1));
+      const auto slot = RingState<Config::kStages>::of(it);
       EmptyBarrier::wait(&bar.k_empty[slot.stage], slot.phase ^ 1);
       if (lane == 0) {
         FullBarrier::arrive_and_expect_tx(&bar.k_full[slot.stage], bytes);
@@ -121,13 +106,12 @@ __device__ void load_kv_tiles(const DecodeParams& p, const CUtensorMap* k_map,
       uint64_t* v_full;
       uint8_t* v_dst;
       if constexpr (Config::kFp8) {
-        const RingSlot<Config::kRawSlots> raw =
-            RingSlot<Config::kRawSlots>::of(it);
+        const auto raw = RingState<Config::kRawSlots>::of(it);
         EmptyBarrier::wait(&bar.raw_empty[raw.stage], raw.phase ^ 1);
         v_full = &bar.raw_full[raw.stage];
         v_dst = smem + Config::kRawOffset + raw.stage * Config::kStageBytes;
       } else {
-        const RingSlot<Config::kVStages> v = RingSlot<Config::kVStages>::of(it);
+        const auto v = RingState<Config::kVStages>::of(it);
         EmptyBarrier::wait(&bar.v_empty[v.stage], v.phase ^ 1);
         v_full = &bar.v_full[v.stage];
         v_dst = smem + Config::kVOffset + v.stage * Config::kStageBytes;
@@ -155,9 +139,8 @@ __device__ void transpose_v_tiles(const DecodeParams& p, uint8_t* smem,
   int it = 0;
   while (cursor.next(item)) {
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
-      const RingSlot<Config::kRawSlots> raw =
-          RingSlot<Config::kRawSlots>::of(it);
-      const RingSlot<Config::kVStages> v = RingSlot<Config::kVStages>::of(it);
+      const auto raw = RingState<Config::kRawSlots>::of(it);
+      const auto v = RingState<Config::kVStages>::of(it);
       FullBarrier::wait(&bar.raw_full[raw.stage], raw.phase);
       EmptyBarrier::wait(&bar.v_empty[v.stage], v.phase ^ 1);
       transpose(smem + Config::kRawOffset + raw.stage * Config::kStageBytes,

@@ -18,6 +18,7 @@
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
 #include "attention/common/online_softmax.cuh"
+#include "attention/common/paged_kv_tma.cuh"
 #include "attention/common/swizzle.h"
 #include "attention/common/warpgroup.cuh"
 #include "attention/decode/decode_config.cuh"
@@ -166,27 +167,6 @@ __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
   }
 }
 
-// Zeroes the V rows of a stage at and past `valid` keys: their cache slots
-// may hold anything (NaN), and a zero probability times NaN is NaN. Rows
-// are whole 128-byte lines of each chunk (the swizzle only moves bytes
-// within a row). By the warpgroup that reads the stage.
-template <class Config>
-__device__ void zero_stale_v_rows(uint8_t* stage, int valid,
-                                  const ConsumerGroup& g) {
-  constexpr int kUnitsPerRow = Config::kRowBytes / 16;
-  const int rows = Config::kTileKeys - valid;
-  for (int e = g.tid; e < Config::kChunks * rows * kUnitsPerRow; e += 128) {
-    const int chunk = e / (rows * kUnitsPerRow);
-    const int key = valid + (e / kUnitsPerRow) % rows;
-    *reinterpret_cast<uint4*>(stage +
-                              chunk * Config::kTileKeys * Config::kRowBytes +
-                              key * Config::kRowBytes +
-                              16 * (e % kUnitsPerRow)) = make_uint4(0, 0, 0, 0);
-  }
-  cutlass::arch::fence_view_async_shared();
-  named_barrier_sync(g.barrier(), 128);
-}
-
 // Runs a warpgroup's tiles of `item` (the CTA's tiles it0, it0 + 1, ...;
 // taking turns, the warpgroup's parity only); accumulates into `acc_o`
 // (cleared by the caller) and `softmax` (reset by the caller). `parity`
@@ -241,7 +221,7 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
   int it = it0;
   for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
     if (!Config::kSplitRows && (it & 1) != g.wg) continue;
-    const RingSlot<Config::kStages> slot = RingSlot<Config::kStages>::of(it);
+    const auto slot = RingState<Config::kStages>::of(it);
 
     FullBarrier::wait(&bar.k_full[slot.stage], slot.phase);
     attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQ, acc_s, true);
@@ -286,19 +266,20 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
       sP(attention::fragment_column(i, lane), key) = Element(acc_s(i));
     }
 
-    const RingSlot<Config::kVStages> v = RingSlot<Config::kVStages>::of(it);
+    const auto v = RingState<Config::kVStages>::of(it);
     FullBarrier::wait(&bar.v_full[v.stage], v.phase);
     const int valid = item.kv_len - tile * Config::kTileKeys;
     if (!Config::kFp8 && valid < Config::kTileKeys) {
-      // (FP8: zeroed by the transposition.) The fence and barrier there
-      // also cover the P^T stores above.
-      cutlass::arch::fence_view_async_shared();
-      zero_stale_v_rows<Config>(
-          smem + Config::kVOffset + v.stage * Config::kStageBytes, valid, g);
-    } else {
-      cutlass::arch::fence_view_async_shared();
-      named_barrier_sync(g.barrier(), 128);
+      // (FP8: zeroed by the transposition.)
+      attention::PagedKvTile<
+          Config::kTileKeys, Config::kChunks,
+          Config::kRowBytes>::zero_keys_from(smem + Config::kVOffset +
+                                                 v.stage * Config::kStageBytes,
+                                             valid, g.tid, 128);
     }
+    // Orders the zeros and the P^T stores above before the wgmma.
+    cutlass::arch::fence_view_async_shared();
+    named_barrier_sync(g.barrier(), 128);
     attention::wgmma_batch(mma_o, tOrV(_, _, _, v.stage), tOrP, acc_o, false);
     warpgroup_wait<0>();
     attention::release(&bar.v_empty[v.stage]);

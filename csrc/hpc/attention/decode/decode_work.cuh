@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "attention/common/paged_kv_tma.cuh"
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
 
@@ -87,6 +88,36 @@ class WorkCursor {
   int x_ = 0;
   int end_ = 0;
   int unit_ = 0;
+};
+
+// The cache blocks of a work item's 64-token tiles, for a producer warp:
+// the item's KV head, and each tile's first block, block count and ids
+// (through a window that reads the block table ahead).
+struct ItemBlocks {
+  int kv_head;
+  int block_size;
+  int per_tile;    // blocks per tile
+  int seq_blocks;  // blocks of the sequence
+  attention::BlockIdWindow ids;
+
+  __device__ ItemBlocks(const DecodeParams& p, const WorkItem& item, int lane)
+      : kv_head(item.unit / p.batch),
+        block_size(p.block_size),
+        per_tile(kTileTokens / p.block_size),
+        seq_blocks((item.kv_len + p.block_size - 1) / p.block_size),
+        ids(p.block_table + (item.unit % p.batch) * p.block_table_stride,
+            item.tile_begin * per_tile,
+            min(item.tile_end * per_tile, seq_blocks), lane) {}
+
+  __device__ int first(int tile) const { return tile * per_tile; }
+  __device__ int count(int tile) const {
+    return min(per_tile, seq_blocks - first(tile));
+  }
+  // The id of block `index` (0 .. count) of `tile`; every lane of the warp
+  // calls it for the same tile.
+  __device__ int id(int tile, int index) {
+    return ids.get(first(tile), first(tile) + index);
+  }
 };
 
 }  // namespace decode

@@ -26,6 +26,7 @@
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
 #include "attention/common/online_softmax.cuh"
+#include "attention/common/paged_kv_tma.cuh"
 #include "attention/common/warpgroup.cuh"
 #include "attention/prefill/prefill_config.cuh"
 #include "attention/prefill/prefill_params.h"
@@ -111,27 +112,6 @@ __device__ __forceinline__ void scores(const PrefillParams& p,
     }
     s(i) = x;
   }
-}
-
-// Zeroes the V rows of a stage at and past `valid` keys: their cache slots
-// may hold anything (NaN), and a zero probability times NaN is NaN. Both
-// consumer warpgroups share the stage, so both take part.
-template <class Config>
-__device__ void zero_stale_rows(uint8_t* stage, int valid) {
-  using namespace cute;
-  using Element = typename Config::Element;
-  constexpr int kUnits = Config::kHeadDim / 8;  // 16-byte units per row
-  Tensor t = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(stage)),
-                         typename Config::SmemLayoutK{});
-  const int tid = threadIdx.x - kProducerThreads;
-  for (int e = valid * kUnits + tid; e < Config::kBlockN * kUnits;
-       e += kConsumerThreads) {
-    *reinterpret_cast<uint4*>(&t(e / kUnits, (e % kUnits) * 8, 0)) =
-        make_uint4(0, 0, 0, 0);
-  }
-  cutlass::arch::fence_view_async_shared();
-  named_barrier_sync(static_cast<int>(attention::PrefillBarrier::kConsumers),
-                     kConsumerThreads);
 }
 
 // The consumer warpgroups issue their wgmma batches in turns (when
@@ -268,8 +248,15 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
       const int valid = w.kv_len - n * kBlockN;
       if (valid < kBlockN) {
         FullBarrier::wait(&bar.v_full[pv.stage], pv.phase);
-        zero_stale_rows<Config>(
-            smem + Config::kVOffset + pv.stage * Config::kStageBytes, valid);
+        // Both consumer warpgroups share the stage, so both take part.
+        attention::PagedKvTile<kBlockN, Config::kChunks, Config::kRowBytes>::
+            zero_keys_from(
+                smem + Config::kVOffset + pv.stage * Config::kStageBytes, valid,
+                tid, kConsumerThreads);
+        cutlass::arch::fence_view_async_shared();
+        named_barrier_sync(
+            static_cast<int>(attention::PrefillBarrier::kConsumers),
+            kConsumerThreads);
       }
     }
     pos.k.advance();

@@ -13,6 +13,8 @@
 
 #include <cutlass/arch/barrier.h>
 
+#include "attention/common/ring_state.cuh"
+
 namespace hpc {
 namespace prefill {
 
@@ -66,19 +68,7 @@ struct PipelineBarriers {
   }
 };
 
-// Position in a ring: stage index and the parity of its current phase.
-template <int kStages>
-struct RingState {
-  int stage = 0;
-  uint32_t phase = 0;
-
-  __device__ void advance() {
-    if (++stage == kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-  }
-};
+using attention::RingState;
 
 // Where a role of the kernel is in the pipeline, carried from tile to tile:
 // its positions in the K, V and raw V rings and the Q buffer's phase.
