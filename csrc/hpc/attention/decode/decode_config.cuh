@@ -72,14 +72,20 @@ struct DecodeConfig {
   static constexpr int kPBytes = kWgRows * kTileKeys * kElemBytes;  // per wg
   using Softmax = attention::ColumnSoftmax<kWgRows, kFp8 ? 8 : 0>;
   static constexpr int kReduceBytes = Softmax::kScratchFloats * 4;  // per wg
-  // Taking turns: warpgroup 1's state for warpgroup 0 to merge (O^T, then
-  // the column maxima and sums).
+  // Taking turns: warpgroup 1's state for warpgroup 0 to merge, each of
+  // its 128 threads' registers: its share of O^T, then its columns' maxima
+  // and sums (decode_epilogue.cuh).
+  static constexpr int kMergeFloatsPerThread =
+      kHeadDim * kWgRows / 128 + 2 * Softmax::kSlots;
   static constexpr int kMergeBytes =
-      kSplitRows ? 0 : (kHeadDim + 2) * kWgRows * 4;
+      kSplitRows ? 0 : 128 * kMergeFloatsPerThread * 4;
 
   static constexpr int kQOffset = 0;
   static constexpr int kQScaleOffset = kQOffset + kQBytes;
-  static constexpr int kPOffset = kQScaleOffset + kQScaleBytes;
+  // P^T on a 1024-byte boundary: wgmma applies the swizzle to absolute
+  // shared-memory addresses.
+  static constexpr int kPOffset =
+      (kQScaleOffset + kQScaleBytes + 1023) / 1024 * 1024;
   static constexpr int kReduceOffset = kPOffset + 2 * kPBytes;
   static constexpr int kMergeOffset = kReduceOffset + 2 * kReduceBytes;
   // Stages on 1024-byte boundaries (the swizzle atoms).

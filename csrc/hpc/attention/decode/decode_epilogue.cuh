@@ -41,6 +41,7 @@ __device__ void merge_warpgroups(const ConsumerGroup& g, uint8_t* smem,
                                  FragO& acc_o, float (&m)[kSlots],
                                  float (&sum)[kSlots]) {
   constexpr int kValues = decltype(cute::size(acc_o))::value;
+  static_assert(kValues + 2 * kSlots == Config::kMergeFloatsPerThread);
   float* merge = reinterpret_cast<float*>(smem + Config::kMergeOffset);
   float* merge_m = merge + kValues * 128;
   float* merge_sum = merge_m + kSlots * 128;
