@@ -11,6 +11,7 @@
 // of a column's sum until the end, where the same two steps add the shares.
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -46,7 +47,10 @@ __device__ __forceinline__ float reduce_over_keys_in_warp(float x, Op op) {
 
 // kCols: columns of the tile (N). Scratch: 2 x 4 x kCols floats per
 // warpgroup (two tiles in flight, four warps), `barrier` the warpgroup's
-// named barrier id (128 threads).
+// named barrier id (128 threads). kProbLog2Scale > 0: the probabilities go
+// to an E4M3 product; they come out rounded to E4M3 and the sums add the
+// rounded values, so that the output's numerator and denominator carry the
+// same rounding (a peaked row then keeps its dominant value exactly).
 template <int kCols, int kProbLog2Scale = 0>
 struct ColumnSoftmax {
   static constexpr int kSlots = kCols / 4;
@@ -111,6 +115,9 @@ struct ColumnSoftmax {
     for (int i = 0; i < int(cute::size(x)); ++i) {
       const int c = column_slot_of(i);
       x(i) = fast_exp2(fmaf(x(i), scale[c], -ref[c]));
+      if constexpr (kProbLog2Scale > 0) {
+        x(i) = static_cast<float>(__nv_fp8_e4m3(x(i)));
+      }
       l[c] += x(i);
     }
   }

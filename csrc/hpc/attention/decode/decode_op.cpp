@@ -91,7 +91,11 @@ void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
   p.query_tokens = static_cast<int>(query_tokens);
   p.rows = p.group * p.query_tokens;
   TORCH_CHECK(p.rows <= 64 && q.size(0) == batch * query_tokens);
-  TORCH_CHECK(partial_out.numel() % (p.rows * head_dim) == 0);
+  // The workspace sizes both for its largest row count; a step with fewer
+  // query tokens uses a prefix.
+  TORCH_CHECK(partial_out.numel() == partial_lse.numel() * head_dim,
+              "decode_attention: partial_out must hold head_size floats per "
+              "partial_lse entry");
   p.scale = static_cast<float>(scale);
   p.k_scale = optional_scalar(k_scale);
   p.v_scale = optional_scalar(v_scale);
