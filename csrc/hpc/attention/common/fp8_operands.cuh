@@ -256,6 +256,45 @@ __device__ __forceinline__ uint4 quantize16_e4m3(const float* x, float scale) {
   return make_uint4(q[0], q[1], q[2], q[3]);
 }
 
+// Two E4M3 terms of a value: y ~ hi + lo / kE4m3ResidualScale. Rounding to
+// E4M3 (3 mantissa bits) leaves a residual of at most 2^-4 |y|, so the
+// residual term, scaled by 2^4, uses the same range as the first; a
+// product over the two terms is about as exact as one over 16-bit values.
+constexpr float kE4m3ResidualScale = 16.f;
+
+// Two E4M3 bytes (the low 16 bits of `two`) as two floats.
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(two & 0xffffu), __NV_E4M3);
+  return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
+// quantize16_e4m3 with the residual term: `hi` the sixteen E4M3 bytes of
+// x / scale, `lo` those of the residuals times kE4m3ResidualScale.
+__device__ __forceinline__ void quantize16_e4m3_two_terms(const float* x,
+                                                          float scale,
+                                                          uint4& hi, uint4& lo) {
+  const float inv = scale > 0.f ? 1.f / scale : 0.f;
+  uint32_t h[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    uint32_t pair_hi[2], pair_lo[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const float y0 = x[4 * i + 2 * j] * inv;
+      const float y1 = x[4 * i + 2 * j + 1] * inv;
+      pair_hi[j] = e4m3x2(y0, y1);
+      const float2 r = e4m3x2_to_float2(pair_hi[j]);
+      pair_lo[j] = e4m3x2((y0 - r.x) * kE4m3ResidualScale,
+                          (y1 - r.y) * kE4m3ResidualScale);
+    }
+    h[i] = pair_hi[0] | (pair_hi[1] << 16);
+    l[i] = pair_lo[0] | (pair_lo[1] << 16);
+  }
+  hi = make_uint4(h[0], h[1], h[2], h[3]);
+  lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
 // The layout of 16-bit query rows quantized per row to E4M3
 // (e4m3_row_scale): a tile of kHeadDim channels stored [chunk of 64][row][128
 // bytes] over kTileRows rows (the staging tile the copies fill). The

@@ -68,6 +68,9 @@ struct DecodeConfig {
 
   static constexpr int kStageBytes = kTileKeys * kHeadDim * kElemBytes;
   static constexpr int kQBytes = kRows * kHeadDim * kElemBytes;
+  // FP8 caches with 16-bit queries: a second Q tile holds the residual
+  // term of the queries' two-term E4M3 split (quantize16_e4m3_two_terms).
+  static constexpr int kQResidualBytes = kFp8 ? kQBytes : 0;
   static constexpr int kQScaleBytes = kFp8 ? kRows * 4 : 0;
   static constexpr int kPBytes = kWgRows * kTileKeys * kElemBytes;  // per wg
   using Softmax = attention::ColumnSoftmax<kWgRows, kFp8 ? 8 : 0>;
@@ -80,8 +83,11 @@ struct DecodeConfig {
   static constexpr int kMergeBytes =
       kSplitRows ? 0 : 128 * kMergeFloatsPerThread * 4;
 
+  // Q tiles are whole swizzle atoms (8 rows of kRowBytes), so the residual
+  // tile after the first stays on an atom boundary.
   static constexpr int kQOffset = 0;
-  static constexpr int kQScaleOffset = kQOffset + kQBytes;
+  static constexpr int kQResidualOffset = kQOffset + kQBytes;
+  static constexpr int kQScaleOffset = kQResidualOffset + kQResidualBytes;
   // P^T on a 1024-byte boundary: wgmma applies the swizzle to absolute
   // shared-memory addresses.
   static constexpr int kPOffset =

@@ -1,7 +1,8 @@
 // Consumer side of the swap-AB decode kernel: the queries of a work item,
 // and one consumer warpgroup's tiles of it (decode_config.cuh for the
 // layout). Per tile:
-//   wait K; S^T = K Q^T; release K
+//   wait K; S^T = K Q^T (FP8 with 16-bit queries: plus K Q_residual^T);
+//   release K
 //   soft-cap, mask (boundary tiles only); online softmax over the columns
 //   O^T *= alpha (when a column's maximum moved); P^T -> shared memory
 //   wait V (16-bit: zero its rows past the sequence); O^T += V^T P^T;
@@ -111,8 +112,9 @@ __device__ __forceinline__ const uint8_t* query_row(const DecodeParams& p,
 // consumer threads (`thread` of kWgmmaConsumerThreads), 8 bytes at a time
 // (query rows are only 8-byte aligned in general: slices of a fused QKV
 // tensor). Queries in the tile's type are copied; 16-bit queries over an
-// FP8 cache are quantized per row (e4m3_row_scale), their scales stored
-// beside the tile.
+// FP8 cache are quantized per row (e4m3_row_scale) into two E4M3 terms, the
+// residual into its own tile (one term loses too much for the decode
+// accuracy bar), their scales stored beside the tiles.
 template <class Config>
 __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
                              uint8_t* smem, int thread) {
@@ -160,8 +162,12 @@ __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
     const float scale =
         attention::e4m3_row_scale(attention::row_abs_max<kLanesPerRow>(amax));
     if (row < Config::kRows) {
-      *reinterpret_cast<uint4*>(smem + q_tile_offset<Config>(row, 16 * part)) =
-          attention::quantize16_e4m3(x, scale);
+      uint4 hi, residual;
+      attention::quantize16_e4m3_two_terms(x, scale, hi, residual);
+      const int offset = q_tile_offset<Config>(row, 16 * part);
+      *reinterpret_cast<uint4*>(smem + offset) = hi;
+      *reinterpret_cast<uint4*>(smem + offset + Config::kQResidualOffset -
+                                Config::kQOffset) = residual;
       if (part == 0) q_scale[row] = scale;
     }
   }
@@ -192,6 +198,10 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
   Tensor sQ = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kQOffset)),
       typename Config::SmemLayoutQ{});
+  Tensor sQResidual = make_tensor(
+      make_smem_ptr(
+          reinterpret_cast<Element*>(smem + Config::kQResidualOffset)),
+      typename Config::SmemLayoutQ{});
   Tensor sVt = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kVOffset)),
       typename Config::SmemLayoutVt{});
@@ -202,10 +212,15 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
   const int q_part = Config::kSplitRows ? g.wg : 0;
   Tensor tSrK = thr_s.partition_fragment_A(sK);                // stage last
   Tensor tSrQ = thr_s.partition_fragment_B(sQ(_, _, q_part));  // (V, N, K)
+  Tensor tSrQResidual = thr_s.partition_fragment_B(sQResidual(_, _, q_part));
   Tensor tOrV = thr_o.partition_fragment_A(sVt);               // stage last
   Tensor tOrP = thr_o.partition_fragment_B(sP);                // (V, N, K)
   Tensor acc_s = partition_fragment_C(
       mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
+  Tensor acc_s_residual = partition_fragment_C(
+      mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
+  // FP8 caches with 16-bit queries: S adds the residual term's product.
+  const bool two_terms = Config::kFp8 && p.q_type != ElemType::kFp8E4m3;
   float* reduce = reinterpret_cast<float*>(smem + Config::kReduceOffset +
                                            g.wg * Config::kReduceBytes);
 
@@ -225,8 +240,23 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
 
     FullBarrier::wait(&bar.k_full[slot.stage], slot.phase);
     attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQ, acc_s, true);
+    if constexpr (Config::kFp8) {
+      if (two_terms) {
+        attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQResidual,
+                               acc_s_residual, true);
+      }
+    }
     warpgroup_wait<0>();
     attention::release(&bar.k_empty[slot.stage]);
+    if constexpr (Config::kFp8) {
+      if (two_terms) {
+#pragma unroll
+        for (int i = 0; i < size(acc_s); ++i) {
+          acc_s(i) = fmaf(acc_s_residual(i),
+                          1.f / attention::kE4m3ResidualScale, acc_s(i));
+        }
+      }
+    }
 
     // Scores: soft-cap, then the mask where a key of the tile may be
     // invisible to a row.
