@@ -273,7 +273,8 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t two) {
 // x / scale, `lo` those of the residuals times kE4m3ResidualScale.
 __device__ __forceinline__ void quantize16_e4m3_two_terms(const float* x,
                                                           float scale,
-                                                          uint4& hi, uint4& lo) {
+                                                          uint4& hi,
+                                                          uint4& lo) {
   const float inv = scale > 0.f ? 1.f / scale : 0.f;
   uint32_t h[4], l[4];
 #pragma unroll

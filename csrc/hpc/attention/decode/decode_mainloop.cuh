@@ -198,10 +198,9 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
   Tensor sQ = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kQOffset)),
       typename Config::SmemLayoutQ{});
-  Tensor sQResidual = make_tensor(
-      make_smem_ptr(
-          reinterpret_cast<Element*>(smem + Config::kQResidualOffset)),
-      typename Config::SmemLayoutQ{});
+  Tensor sQResidual = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(
+                                      smem + Config::kQResidualOffset)),
+                                  typename Config::SmemLayoutQ{});
   Tensor sVt = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kVOffset)),
       typename Config::SmemLayoutVt{});
@@ -213,8 +212,8 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
   Tensor tSrK = thr_s.partition_fragment_A(sK);                // stage last
   Tensor tSrQ = thr_s.partition_fragment_B(sQ(_, _, q_part));  // (V, N, K)
   Tensor tSrQResidual = thr_s.partition_fragment_B(sQResidual(_, _, q_part));
-  Tensor tOrV = thr_o.partition_fragment_A(sVt);               // stage last
-  Tensor tOrP = thr_o.partition_fragment_B(sP);                // (V, N, K)
+  Tensor tOrV = thr_o.partition_fragment_A(sVt);  // stage last
+  Tensor tOrP = thr_o.partition_fragment_B(sP);   // (V, N, K)
   Tensor acc_s = partition_fragment_C(
       mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
   Tensor acc_s_residual = partition_fragment_C(
