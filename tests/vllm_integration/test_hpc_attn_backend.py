@@ -414,7 +414,7 @@ def test_accepts_other_hopper_capability(hopper_platform):
 
 
 def test_rejects_missing_library(monkeypatch):
-    monkeypatch.setattr(hpc_attn, "has_hpc", lambda: False)
+    monkeypatch.setattr(hpc_attn, "has_hpc_kernels", lambda: False)
     assert "vllm._hpc_C kernel library is not built" in _reasons(_vllm_config())
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -100,7 +99,7 @@ def _set_platform(
     capability: tuple[int, int] | None = (9, 0),
     *,
     cuda: bool = True,
-    moe_op: bool = True,
+    kernels: bool = True,
 ) -> None:
     """Make the platform look like a CUDA GPU of ``capability``."""
 
@@ -118,7 +117,7 @@ def _set_platform(
     monkeypatch.setattr(
         current_platform, "get_device_capability", get_device_capability
     )
-    monkeypatch.setattr(hpc_moe, "has_hpc_moe", lambda: moe_op)
+    monkeypatch.setattr(hpc_moe, "has_hpc_kernels", lambda: kernels)
 
 
 @pytest.fixture
@@ -132,7 +131,6 @@ def _no_workspace_leaks(monkeypatch: pytest.MonkeyPatch):
     """Each test starts without cached workspaces and the workspace manager."""
     monkeypatch.setattr(hpc_moe, "_workspaces", {})
     monkeypatch.setattr(hpc_moe, "is_workspace_manager_initialized", lambda: False)
-    monkeypatch.setattr(hpc_utils, "_wrapper_workspaces", {})
     yield
 
 
@@ -437,11 +435,11 @@ def test_select_declines_other_devices(monkeypatch, capability, cuda, needle):
 
 
 def test_select_declines_without_library(monkeypatch):
-    _set_platform(monkeypatch, moe_op=False)
+    _set_platform(monkeypatch, kernels=False)
     with pytest.raises(
         ValueError,
-        match=UNSUPPORTED_PREFIX + r"vllm\._hpc_C is not built, failed to load or "
-        "has no fused_moe_fp8 op",
+        match=UNSUPPORTED_PREFIX
+        + r"the vllm\._hpc_C kernel library is not built or failed to load",
     ):
         select_fp8_moe_backend(_moe_config(), *BLOCK)
     assert HPCExperts._supports_current_device() is False
@@ -766,7 +764,7 @@ def test_apply_rejects_other_activation(sm90, ops):
 
 
 @pytest.mark.skipif(
-    not hpc_utils.has_hpc_moe(), reason="the _hpc_C fused MoE op is not built"
+    not hpc_utils.has_hpc_kernels(), reason="the _hpc_C library is not built"
 )
 @pytest.mark.parametrize("block", [False, True], ids=["per_tensor", "block"])
 def test_apply_arguments_pass_op_validation(sm90, monkeypatch, block):
@@ -788,61 +786,6 @@ def test_apply_arguments_pass_op_validation(sm90, monkeypatch, block):
     inputs = _moe_inputs(6, 4, 256, 256, 2, block=block)
     _apply(experts, inputs, expert_map=expert_map.to("meta"))
     assert len(rec.calls) == 2
-
-
-# ---------------------------------------------------------------------------
-# vllm.utils.hpc: has_hpc_moe() and the compatibility wrappers
-# ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def clean_moe_cache():
-    hpc_utils.has_hpc.cache_clear()
-    hpc_utils.has_hpc_moe.cache_clear()
-    yield
-    hpc_utils.has_hpc.cache_clear()
-    hpc_utils.has_hpc_moe.cache_clear()
-
-
-def test_has_hpc_moe_matches_library(clean_moe_cache):
-    expected = (
-        hpc_utils.has_hpc()
-        and getattr(_hpc_ops, "fused_moe_fp8", None) is not None
-        and hasattr(torch.ops._hpc_C, "fused_moe_fp8")
-    )
-    assert hpc_utils.has_hpc_moe() is expected
-
-
-def test_has_hpc_moe_needs_library(clean_moe_cache, monkeypatch):
-    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: False)
-    assert hpc_utils.has_hpc() is False
-    assert hpc_utils.has_hpc_moe() is False
-
-
-def test_has_hpc_moe_needs_op_entry_point(clean_moe_cache, monkeypatch):
-    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
-    monkeypatch.setattr(_hpc_ops, "fused_moe_fp8", None, raising=False)
-    assert hpc_utils.has_hpc() is True
-    assert hpc_utils.has_hpc_moe() is False
-
-
-def test_has_hpc_moe_needs_library_op(clean_moe_cache, monkeypatch):
-    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
-    monkeypatch.setattr(_hpc_ops, "fused_moe_fp8", lambda *a, **k: None, raising=False)
-    library = SimpleNamespace()
-    monkeypatch.setattr(
-        hpc_utils, "torch", SimpleNamespace(ops=SimpleNamespace(_hpc_C=library))
-    )
-    assert hpc_utils.has_hpc_moe() is False
-    hpc_utils.has_hpc_moe.cache_clear()
-    library.fused_moe_fp8 = object()
-    assert hpc_utils.has_hpc_moe() is True
-
-
-def test_has_hpc_moe_needs_workspace_sizing(clean_moe_cache, monkeypatch):
-    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
-    monkeypatch.setattr(_hpc_ops, "moe_workspace_bytes", None, raising=False)
-    assert hpc_utils.has_hpc_moe() is False
 
 
 # ---------------------------------------------------------------------------
@@ -875,7 +818,7 @@ def test_moe_workspace_validation(kwargs, match):
 
 
 @pytest.mark.skipif(
-    not hpc_utils.has_hpc_moe(), reason="the _hpc_C fused MoE op is not built"
+    not hpc_utils.has_hpc_kernels(), reason="the _hpc_C library is not built"
 )
 def test_moe_workspace_sized_by_the_library():
     """Under FakeTensorMode (no GPU needed) the buffer is the library's size
@@ -887,153 +830,3 @@ def test_moe_workspace_sized_by_the_library():
         assert ws.buffer.dtype == torch.uint8 and ws.buffer.device.type == "cuda"
         assert ws.buffer.numel() == _hpc_ops.moe_workspace_bytes(**_WORKSPACE_SIZES)
     assert {f.name for f in dataclasses.fields(ws)} == {"buffer", *_WORKSPACE_SIZES}
-
-
-def _wrapper_tensors(tokens: int = 3, experts: int = 4, hidden: int = 256):
-    inter = 128
-    return {
-        "x": torch.zeros(tokens, hidden, dtype=FP8),
-        "gate_up_weight": torch.zeros(experts, 2 * inter, hidden, dtype=FP8),
-        "down_weight": torch.zeros(experts, hidden, inter, dtype=FP8),
-        "topk_ids": torch.zeros(tokens, 2, dtype=torch.int32),
-        "topk_scale": torch.ones(tokens, 2),
-    }
-
-
-def test_hpc_fuse_moe_translates_scales(ops):
-    t = _wrapper_tensors()
-    gate_up_scale = torch.tensor([0.5, 1.0, 2.0, 4.0])
-    down_scale = torch.tensor([3.0, 6.0, 9.0, 12.0])
-    act_and_mul_scale = torch.tensor([4.0])
-    out = hpc_utils.hpc_fuse_moe(
-        t["x"],
-        t["gate_up_weight"],
-        t["down_weight"],
-        gate_up_scale,
-        down_scale,
-        act_and_mul_scale,
-        t["topk_ids"],
-        t["topk_scale"],
-        rank_ep=1,
-        num_expert_total=8,
-    )
-    ((args, kw),) = ops.calls
-    assert args[0] is t["x"] and args[1] is t["gate_up_weight"]
-    assert args[3] is t["topk_scale"] and args[4] is t["topk_ids"]
-    assert args[5] is out and out.dtype == torch.bfloat16 and out.shape == (3, 256)
-    assert kw["w13_scale"] is gate_up_scale
-    assert torch.equal(kw["a1_scale"], torch.ones(1))
-    # The intermediate is quantised with 1 / act_and_mul_scale and the second
-    # GEMM dequantised with w2_scale * a2_scale == down_scale.
-    assert torch.allclose(kw["a2_scale"], torch.tensor([0.25]))
-    assert torch.allclose(kw["w2_scale"] * kw["a2_scale"], down_scale)
-    assert kw["block_shape"] is None
-    assert kw["expert_offset"] == 4 and "expert_map" not in kw
-    assert kw["shared_output"] is None
-    assert ops.created[0]["max_tokens"] >= 3
-
-
-def test_hpc_fuse_moe_uses_given_output_and_shared(ops):
-    t = _wrapper_tensors()
-    output = torch.empty(3, 256, dtype=torch.float16)
-    shared = torch.zeros(3, 256, dtype=torch.float16)
-    scales = torch.ones(4)
-    got = hpc_utils.hpc_fuse_moe(
-        t["x"],
-        t["gate_up_weight"],
-        t["down_weight"],
-        scales,
-        scales,
-        torch.tensor(1.0),
-        t["topk_ids"],
-        t["topk_scale"],
-        0,
-        4,
-        False,
-        shared,
-        output=output,
-    )
-    assert got is output
-    assert ops.calls[0][0][5] is output and ops.calls[0][1]["shared_output"] is shared
-
-
-def test_hpc_fuse_moe_workspace_grows_only_when_needed(ops):
-    scales = torch.ones(4)
-    for tokens in (3, 100, 300, 200):
-        t = _wrapper_tensors(tokens)
-        hpc_utils.hpc_fuse_moe(
-            t["x"],
-            t["gate_up_weight"],
-            t["down_weight"],
-            scales,
-            scales,
-            torch.tensor(1.0),
-            t["topk_ids"],
-            t["topk_scale"],
-            0,
-            4,
-        )
-    assert [c["max_tokens"] for c in ops.created] == [256, 512]
-
-
-def test_hpc_fuse_moe_rejects_rank_outside_experts(ops):
-    t = _wrapper_tensors()
-    scales = torch.ones(4)
-    with pytest.raises(ValueError, match="does not fit num_expert_total=8"):
-        hpc_utils.hpc_fuse_moe(
-            t["x"],
-            t["gate_up_weight"],
-            t["down_weight"],
-            scales,
-            scales,
-            torch.tensor(1.0),
-            t["topk_ids"],
-            t["topk_scale"],
-            2,
-            8,
-        )
-    assert not ops.calls
-
-
-def test_hpc_fuse_moe_blockwise_forwards(ops):
-    t = _wrapper_tensors()
-    x_scale = torch.ones(3, 2)
-    w13_scale = torch.ones(4, 2, 64)  # last dim padded as hpc-ops lays it out
-    w2_scale = torch.ones(4, 2, 1)
-    out = hpc_utils.hpc_fuse_moe_blockwise(
-        t["x"],
-        x_scale,
-        t["gate_up_weight"],
-        w13_scale,
-        t["down_weight"],
-        w2_scale,
-        t["topk_ids"],
-        t["topk_scale"],
-        rank_ep=0,
-        num_expert_total=4,
-    )
-    ((args, kw),) = ops.calls
-    assert args[5] is out
-    assert kw["a1_scale"] is x_scale and kw["a2_scale"] is None
-    assert tuple(kw["block_shape"]) == (128, 128)
-    assert kw["w13_scale"].shape == (4, 2, 2) and kw["w13_scale"].is_contiguous()
-    assert kw["w2_scale"] is w2_scale
-    assert kw["expert_offset"] == 0
-
-
-def test_wrappers_need_the_op_layer(monkeypatch):
-    monkeypatch.setattr(_hpc_ops, "fused_moe_fp8", None, raising=False)
-    t = _wrapper_tensors()
-    with pytest.raises(ImportError, match=r"vllm\._hpc_ops\.fused_moe_fp8"):
-        hpc_utils.hpc_fuse_moe_blockwise(
-            t["x"],
-            torch.ones(3, 2),
-            t["gate_up_weight"],
-            torch.ones(4, 2, 2),
-            t["down_weight"],
-            torch.ones(4, 2, 1),
-            t["topk_ids"],
-            t["topk_scale"],
-            0,
-            4,
-        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.machinery
 import random
 import sys
 import types
@@ -80,7 +81,7 @@ def _make_config(backend: AttentionBackendEnum | None) -> VllmConfig:
 @pytest.fixture
 def hpc_config(monkeypatch: pytest.MonkeyPatch):
     """HPC_ATTN selected, the kernel library reported as available."""
-    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: True)
     config = _make_config(AttentionBackendEnum.HPC_ATTN)
     with set_current_vllm_config(config):
         yield config
@@ -89,10 +90,10 @@ def hpc_config(monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def clean_has_hpc():
     hpc_utils.has_hpc.cache_clear()
-    hpc_utils.has_hpc_moe.cache_clear()
+    hpc_utils.has_hpc_kernels.cache_clear()
     yield
     hpc_utils.has_hpc.cache_clear()
-    hpc_utils.has_hpc_moe.cache_clear()
+    hpc_utils.has_hpc_kernels.cache_clear()
 
 
 class _RecordingLogger:
@@ -305,14 +306,14 @@ def test_support_declines_with_reason(
 
 
 def test_support_declines_without_library(hpc_config, monkeypatch):
-    monkeypatch.setattr(rope_norm, "has_hpc", lambda: False)
+    monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: False)
     assert "_hpc_C" in HpcRopeNorm.unsupported_reason(64, 8, 128, "auto")
     assert not HpcRopeNorm.support(64, 8, 128, "auto")
 
 
 @pytest.mark.parametrize("backend", [AttentionBackendEnum.FLASH_ATTN, None])
 def test_support_declines_other_backend(monkeypatch, backend):
-    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: True)
     log = _RecordingLogger()
     monkeypatch.setattr(rope_norm, "logger", log)
     with set_current_vllm_config(_make_config(backend)):
@@ -324,7 +325,7 @@ def test_support_declines_other_backend(monkeypatch, backend):
 
 
 def test_support_declines_without_config(monkeypatch):
-    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: True)
     monkeypatch.setattr(rope_norm, "get_current_vllm_config_or_none", lambda: None)
     assert not HpcRopeNorm.support(64, 8, 128, "auto")
 
@@ -346,38 +347,51 @@ def test_support_checks_model_dtype(monkeypatch, model_dtype, kv_cache_dtype, ok
         attention_config=types.SimpleNamespace(backend=AttentionBackendEnum.HPC_ATTN),
         model_config=types.SimpleNamespace(dtype=model_dtype),
     )
-    monkeypatch.setattr(rope_norm, "has_hpc", lambda: True)
+    monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: True)
     monkeypatch.setattr(rope_norm, "get_current_vllm_config_or_none", lambda: config)
     assert HpcRopeNorm.support(64, 8, 128, kv_cache_dtype) is ok
 
 
 # ---------------------------------------------------------------------------
-# has_hpc() (the MoE entry points are tested in test_hpc_moe_oracle.py)
+# has_hpc_kernels() (the in-tree library) and has_hpc() (the external package)
 # ---------------------------------------------------------------------------
 
 
-def test_has_hpc_follows_library(clean_has_hpc, monkeypatch):
-    assert hpc_utils.has_hpc() is _hpc_ops.hpc_ops_available()
+def test_has_hpc_kernels_follows_library(clean_has_hpc, monkeypatch):
+    assert hpc_utils.has_hpc_kernels() is _hpc_ops.hpc_ops_available()
 
     monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: False)
-    hpc_utils.has_hpc.cache_clear()
-    assert hpc_utils.has_hpc() is False
+    hpc_utils.has_hpc_kernels.cache_clear()
+    assert hpc_utils.has_hpc_kernels() is False
 
     monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
-    hpc_utils.has_hpc.cache_clear()
-    assert hpc_utils.has_hpc() is True
+    hpc_utils.has_hpc_kernels.cache_clear()
+    assert hpc_utils.has_hpc_kernels() is True
 
 
-def test_has_hpc_false_without_op_layer(clean_has_hpc, monkeypatch):
+def test_has_hpc_kernels_false_without_op_layer(clean_has_hpc, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm._hpc_ops", None)
-    assert hpc_utils.has_hpc() is False
+    assert hpc_utils.has_hpc_kernels() is False
 
 
-def test_has_hpc_ignores_external_package(clean_has_hpc, monkeypatch):
-    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "hpc", None)
-    assert hpc_utils.has_hpc() is True
-    assert not hasattr(hpc_utils, "has_hpc_package")
+def _external_hpc_package(monkeypatch: pytest.MonkeyPatch, installed: bool) -> None:
+    """The external ``hpc`` package as importlib finds it: installed or not."""
+    if installed:
+        module = types.ModuleType("hpc")
+        module.__spec__ = importlib.machinery.ModuleSpec("hpc", None)
+        monkeypatch.setitem(sys.modules, "hpc", module)
+    else:
+        monkeypatch.setitem(sys.modules, "hpc", None)
+
+
+@pytest.mark.parametrize("installed", [False, True])
+def test_has_hpc_means_the_external_package(clean_has_hpc, monkeypatch, installed):
+    """has_hpc() keeps its upstream meaning: the separately installed
+    package, whatever the in-tree library's state."""
+    _external_hpc_package(monkeypatch, installed)
+    monkeypatch.setattr(_hpc_ops, "hpc_ops_available", lambda: not installed)
+    assert hpc_utils.has_hpc() is installed
+    assert hpc_utils.has_hpc_kernels() is (not installed)
 
 
 # ---------------------------------------------------------------------------
@@ -548,7 +562,7 @@ def test_split_kv_cache_rejects_bad_input():
 
 
 def test_constructor_requires_library(monkeypatch):
-    monkeypatch.setattr(rope_norm, "has_hpc", lambda: False)
+    monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: False)
     with (
         set_current_vllm_config(_make_config(AttentionBackendEnum.HPC_ATTN)),
         pytest.raises(ImportError, match="_hpc_C"),

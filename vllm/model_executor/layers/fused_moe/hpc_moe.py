@@ -20,8 +20,8 @@ path, class name, ``moe_config=``/``quant_config=`` constructor, the
 ``hpc``-package based implementation, on purpose:
 
 * No external package: the kernel is in ``vllm._hpc_C``, built with this
-  tree; the backend is available when ``vllm.utils.hpc.has_hpc_moe()`` says
-  so.
+  tree; the backend is available when ``vllm.utils.hpc.has_hpc_kernels()``
+  says so.
 * ``expert_map`` is honoured: it is handed to the kernel, which maps each
   global expert id to its local slot and skips ids that are not on this rank
   (``-1``). Round-robin placement and uneven expert splits therefore work;
@@ -71,7 +71,7 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (
     kFp8StaticTensorSym,
 )
 from vllm.platforms import current_platform
-from vllm.utils.hpc import has_hpc_moe
+from vllm.utils.hpc import has_hpc_kernels
 from vllm.v1.worker.workspace import (
     current_workspace_manager,
     is_workspace_manager_initialized,
@@ -189,11 +189,8 @@ def _decline_reason(
     if not _on_sm90():
         device = _device_text()
         return f"{_KERNEL} runs only on NVIDIA Hopper (sm90) GPUs, not on {device}"
-    if not has_hpc_moe():
-        return (
-            "vllm._hpc_C is not built, failed to load or has no fused_moe_fp8 "
-            "op (see vllm.utils.hpc.has_hpc_moe)"
-        )
+    if not has_hpc_kernels():
+        return "the vllm._hpc_C kernel library is not built or failed to load"
     if moe_config.activation != MoEActivation.SILU:
         return (
             f"{_KERNEL} implements only the SiLU-gated MLP (SwiGLU), not "
@@ -374,7 +371,7 @@ class HPCExperts(mk.FusedMoEExpertsModular):
 
     @staticmethod
     def _supports_current_device() -> bool:
-        return _on_sm90() and has_hpc_moe()
+        return _on_sm90() and has_hpc_kernels()
 
     @staticmethod
     def _supports_no_act_and_mul() -> bool:

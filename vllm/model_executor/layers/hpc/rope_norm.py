@@ -65,7 +65,7 @@ from vllm.forward_context import ForwardContext, get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.hpc.hpc_module import HpcModule
-from vllm.utils.hpc import has_hpc
+from vllm.utils.hpc import has_hpc_kernels
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -368,7 +368,7 @@ class HpcRopeNorm(CustomOp, HpcModule):
         is_neox_style: bool = True,
     ) -> None:
         super().__init__()
-        if not has_hpc():
+        if not has_hpc_kernels():
             raise ImportError(
                 "HpcRopeNorm needs the vllm._hpc_C kernel library, which is not "
                 "built or failed to load. Build it, or select an attention "
@@ -499,7 +499,7 @@ class HpcRopeNorm(CustomOp, HpcModule):
         if backend != AttentionBackendEnum.HPC_ATTN:
             name = backend.name if backend is not None else "auto"
             return f"attention backend is {name}, not HPC_ATTN"
-        if not has_hpc():
+        if not has_hpc_kernels():
             return "the vllm._hpc_C kernel library is not available"
         if kv_cache_dtype not in SUPPORTED_KV_CACHE_DTYPES:
             return (

@@ -79,7 +79,7 @@ from vllm.forward_context import get_forward_context, is_forward_context_availab
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms.interface import DeviceCapability
-from vllm.utils.hpc import has_hpc
+from vllm.utils.hpc import has_hpc_kernels
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -471,7 +471,7 @@ class HpcAttentionBackend(AttentionBackend):
         use_mm_prefix: bool,
         device_capability: DeviceCapability,
     ) -> str | None:
-        if not has_hpc():
+        if not has_hpc_kernels():
             return "the vllm._hpc_C kernel library is not built or failed to load"
         cache_dtype = _16BIT_KV_CACHE_DTYPES.get(kv_cache_dtype or "auto")
         if cache_dtype is not None and cache_dtype != dtype:
@@ -714,10 +714,10 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
     def fused_qk_norm_rope_kvcache_supported(self) -> bool:
         # The layer's shape and cache dtype were checked in __init__; the
         # kernel covers every configuration this impl accepts.
-        return has_hpc()
+        return has_hpc_kernels()
 
     def fused_rope_kvcache_supported(self) -> bool:
-        return has_hpc()
+        return has_hpc_kernels()
 
     def _kernel_kv_views(
         self, kv_cache: torch.Tensor, layer: AttentionLayer
