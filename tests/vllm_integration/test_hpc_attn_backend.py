@@ -11,6 +11,7 @@ replaced by recording stand-ins that check what each is handed.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import types
@@ -183,6 +184,7 @@ def _vllm_config(
     max_num_seqs: int = 16,
     max_num_batched_tokens: int = 2048,
     num_speculative_tokens: int = 0,
+    parallel_drafting: bool = False,
 ) -> VllmConfig:
     cache_kwargs = {"cache_dtype": kv_cache_dtype}
     if block_size is not None:
@@ -207,7 +209,7 @@ def _vllm_config(
             "speculative_config",
             types.SimpleNamespace(
                 num_speculative_tokens=num_speculative_tokens,
-                parallel_drafting=False,
+                parallel_drafting=parallel_drafting,
                 enable_adaptive_verification=False,
             ),
         )
@@ -780,8 +782,31 @@ def test_speculative_rows_past_the_decode_tile_rejected(fake_workspaces, model_r
     fill the 64 rows of a KV head's decode tile, 5 do not fit."""
     gqa16 = _model_config(model_root, 128, 8, 128)
     _builder(gqa16, num_spec=3)
-    with pytest.raises(ValueError, match=r"at most 64 rows .* GQA ratio 16"):
+    with pytest.raises(ValueError, match=r"GQA ratio 16 are 80 rows per KV head"):
         _builder(gqa16, num_spec=4)
+
+
+@pytest.mark.parametrize(
+    "heads,num_spec,parallel_drafting,reason",
+    [
+        ((32, 8), 8, False, "9 query tokens .* at most 7 speculative tokens"),
+        ((128, 8), 4, False, "5 query tokens x GQA ratio 16 are 80 rows"),
+        # Model runner V1's parallel drafter adds num_spec slots per request.
+        ((32, 8), 4, True, "9 query tokens .* at most 7 speculative tokens"),
+    ],
+)
+def test_speculative_limits_refused_at_selection(
+    model_root, monkeypatch, heads, num_spec, parallel_drafting, reason
+):
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    model = _model_config(model_root, *heads, 128)
+    config = _vllm_config(
+        model, num_speculative_tokens=num_spec, parallel_drafting=parallel_drafting
+    )
+    assert re.search(reason, _reasons(config))
+    # One token fewer fits, and the builder agrees with the selector.
+    fits = _vllm_config(model, num_speculative_tokens=num_spec - 1)
+    assert _select(fits) is Backend
 
 
 def _check_prefill_plan(builder, md, common, num_decodes):

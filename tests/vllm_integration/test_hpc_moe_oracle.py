@@ -396,6 +396,11 @@ _DECLINES = {
         "does not implement the clamped SwiGLU",
     ),
     "bias": ({"has_bias": True}, BLOCK, "does not add expert biases"),
+    "topk_above_limit": (
+        {"topk": 17, "num_experts": 32},
+        PER_TENSOR,
+        "routes each token to 1..16 experts, not 17",
+    ),
 }
 
 

@@ -237,6 +237,11 @@ def _decline_reason(
         )
     if moe_config.has_bias:
         return f"{_KERNEL} does not add expert biases"
+    if not 1 <= moe_config.experts_per_token <= _hpc_ops.MOE_MAX_TOPK:
+        return (
+            f"{_KERNEL} routes each token to 1..{_hpc_ops.MOE_MAX_TOPK} experts, "
+            f"not {moe_config.experts_per_token}"
+        )
     return None
 
 

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """HPC attention backend for Hopper, on the in-tree ``vllm._hpc_C`` kernels.
 
-Decode rows (1..4 uniform query tokens per request, speculative decoding
+Decode rows (1..8 uniform query tokens per request, speculative decoding
 included) go to the split-KV paged decode kernel; every other row (prefills,
 chunked prefills, and the one-token rows a speculative batch counts as
 prefills) goes to the paged prefill kernel. Both read K and V as strided
@@ -90,6 +90,7 @@ from vllm.v1.attention.backend import (
     AttentionType,
     CommonAttentionMetadata,
     MultipleOf,
+    max_decode_query_len,
 )
 from vllm.v1.attention.backends.utils import (
     get_num_attention_heads_from_layers,
@@ -203,20 +204,7 @@ class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
         device: torch.device,
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        num_spec = _num_speculative_tokens(vllm_config)
-        if num_spec > MAX_DECODE_QUERY_TOKENS - 1:
-            raise ValueError(
-                f"HPC_ATTN decodes at most {MAX_DECODE_QUERY_TOKENS} query tokens "
-                f"per request, so at most {MAX_DECODE_QUERY_TOKENS - 1} "
-                f"speculative tokens; got num_speculative_tokens={num_spec}"
-            )
         self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)
-        if self.reorder_batch_threshold > MAX_DECODE_QUERY_TOKENS:
-            raise ValueError(
-                f"HPC_ATTN decodes at most {MAX_DECODE_QUERY_TOKENS} query tokens "
-                f"per request; this configuration treats up to "
-                f"{self.reorder_batch_threshold} as a decode"
-            )
 
         model_config = vllm_config.model_config
         parallel_config = vllm_config.parallel_config
@@ -226,14 +214,13 @@ class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
         ) or model_config.get_num_attention_heads(parallel_config)
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.head_size = kv_cache_spec.head_size
-        group = self.num_q_heads // self.num_kv_heads
-        if self.reorder_batch_threshold * group > MAX_DECODE_ROWS:
-            raise ValueError(
-                f"HPC_ATTN decodes at most {MAX_DECODE_ROWS} rows (query tokens x "
-                f"GQA ratio) per KV head; {self.reorder_batch_threshold} query "
-                f"tokens per request (num_speculative_tokens={num_spec}) at GQA "
-                f"ratio {group} are {self.reorder_batch_threshold * group}"
-            )
+        # Refused at selection already (supports_combination); a builder
+        # made directly gets the same reason.
+        reason = _decode_rows_unsupported_reason(
+            self.reorder_batch_threshold, self.num_q_heads // self.num_kv_heads
+        )
+        if reason is not None:
+            raise ValueError(f"HPC_ATTN: {reason}")
         self.window = self._layer_window(
             vllm_config,
             layer_names,
@@ -487,9 +474,33 @@ class HpcAttentionBackend(AttentionBackend):
             num_heads = model_config.get_num_attention_heads(parallel_config)
             num_kv_heads = model_config.get_num_kv_heads(parallel_config)
             reason = _gqa_unsupported_reason(num_heads, num_kv_heads)
+            if reason is None:
+                reason = _decode_rows_unsupported_reason(
+                    max_decode_query_len(vllm_config), num_heads // num_kv_heads
+                )
             if reason is not None:
                 return reason
         return None
+
+
+def _decode_rows_unsupported_reason(query_tokens: int, group: int) -> str | None:
+    """Why decode requests of up to ``query_tokens`` query tokens (1 +
+    speculative tokens, plus the drafting slots of parallel drafting) at GQA
+    ratio ``group`` cannot run, or None."""
+    if query_tokens > MAX_DECODE_QUERY_TOKENS:
+        return (
+            f"a decode request may carry {query_tokens} query tokens "
+            f"(num_speculative_tokens and drafting), more than the decode "
+            f"kernel's {MAX_DECODE_QUERY_TOKENS}: at most "
+            f"{MAX_DECODE_QUERY_TOKENS - 1} speculative tokens"
+        )
+    if query_tokens * group > MAX_DECODE_ROWS:
+        return (
+            f"a decode request's {query_tokens} query tokens x GQA ratio {group} "
+            f"are {query_tokens * group} rows per KV head, more than the decode "
+            f"kernel's {MAX_DECODE_ROWS}"
+        )
+    return None
 
 
 def _gqa_unsupported_reason(num_heads: int, num_kv_heads: int) -> str | None:
