@@ -89,8 +89,6 @@ def _library_path() -> str | None:
 
 
 def _load_library() -> bool:
-    if hasattr(torch.ops, "_hpc_C") and hasattr(torch.ops._hpc_C, "rope_norm_store_kv"):
-        return True
     path = _library_path()
     if path is None:
         return False
@@ -112,8 +110,8 @@ def hpc_ops_available() -> bool:
 def _require_library() -> None:
     if not _LIBRARY_LOADED:
         raise RuntimeError(
-            "vllm._hpc_C is not built or could not be loaded; build it with "
-            "`make build` (see README.md)"
+            "vllm._hpc_C is not built or failed to load (vLLM builds it when "
+            "its CUDA architectures include sm_90a)"
         )
 
 
@@ -1184,19 +1182,6 @@ _MOE_HIDDEN_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn)
 _MOE_WORKSPACE = "MoeWorkspace (vllm/model_executor/layers/fused_moe/hpc_moe.py)"
 
 
-def _moe_op_built() -> bool:
-    return _LIBRARY_LOADED and hasattr(torch.ops._hpc_C, "fused_moe_fp8")
-
-
-def _require_moe_op() -> None:
-    _require_library()
-    if not _moe_op_built():
-        raise RuntimeError(
-            "vllm._hpc_C was built without the fused MoE kernels; rebuild it "
-            "with `make build` (see README.md)"
-        )
-
-
 def _check_moe_dims(hidden_size: int, intermediate_size: int, block_wise: bool) -> None:
     if hidden_size < 1 or hidden_size % _MOE_HIDDEN_ALIGN:
         raise ValueError(
@@ -1234,7 +1219,7 @@ def moe_workspace_bytes(
     # The per-tensor alignment is the weaker one; block-wise calls check
     # theirs when they run.
     _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
-    _require_moe_op()
+    _require_library()
     return int(
         torch.ops._hpc_C.moe_workspace_bytes(
             max_tokens, topk, num_local_experts, hidden_size, intermediate_size
@@ -1570,7 +1555,7 @@ def fused_moe_fp8(
             f"global_num_experts ({total_experts}) must be >= the local "
             f"expert count ({num_local_experts})"
         )
-    _require_moe_op()
+    _require_library()
     fused_moe_fp8_unchecked(
         hidden_states,
         w13,
@@ -1683,7 +1668,7 @@ def moe_tiling(
             f"({num_local_experts})"
         )
     _check_moe_dims(hidden_size, intermediate_size, block_wise=block_wise)
-    _require_moe_op()
+    _require_library()
     values = list(
         torch.ops._hpc_C.moe_tiling(
             num_tokens,
@@ -1768,64 +1753,58 @@ if _LIBRARY_LOADED:
         # All outputs are mutated in place; nothing is returned.
         return None
 
-    if hasattr(torch.ops._hpc_C, "fused_moe_fp8"):
+    @torch.library.register_fake("_hpc_C::fused_moe_fp8")
+    def _fused_moe_fp8_fake(
+        hidden_states: torch.Tensor,
+        a1_scale: torch.Tensor | None,
+        w13: torch.Tensor,
+        w13_scale: torch.Tensor,
+        w2: torch.Tensor,
+        w2_scale: torch.Tensor,
+        a2_scale: torch.Tensor | None,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        expert_map: torch.Tensor | None,
+        shared_output: torch.Tensor | None,
+        out: torch.Tensor,
+        workspace: torch.Tensor,
+        expert_offset: int,
+        global_num_experts: int,
+        block_wise: bool,
+        apply_router_weight_on_input: bool,
+    ) -> None:
+        # out and the workspace are mutated in place.
+        return None
 
-        @torch.library.register_fake("_hpc_C::fused_moe_fp8")
-        def _fused_moe_fp8_fake(
-            hidden_states: torch.Tensor,
-            a1_scale: torch.Tensor | None,
-            w13: torch.Tensor,
-            w13_scale: torch.Tensor,
-            w2: torch.Tensor,
-            w2_scale: torch.Tensor,
-            a2_scale: torch.Tensor | None,
-            topk_weights: torch.Tensor,
-            topk_ids: torch.Tensor,
-            expert_map: torch.Tensor | None,
-            shared_output: torch.Tensor | None,
-            out: torch.Tensor,
-            workspace: torch.Tensor,
-            expert_offset: int,
-            global_num_experts: int,
-            block_wise: bool,
-            apply_router_weight_on_input: bool,
-        ) -> None:
-            # out and the workspace are mutated in place.
-            return None
+    @torch.library.register_fake("_hpc_C::plan_prefill")
+    def _plan_prefill_fake(
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        plan: torch.Tensor,
+        num_q_heads: int,
+        num_kv_heads: int,
+        max_batch: int,
+        max_tiles: int,
+    ) -> None:
+        # The plan is written in place.
+        return None
 
-    if hasattr(torch.ops._hpc_C, "plan_prefill"):
-
-        @torch.library.register_fake("_hpc_C::plan_prefill")
-        def _plan_prefill_fake(
-            query_start_loc: torch.Tensor,
-            seq_lens: torch.Tensor,
-            plan: torch.Tensor,
-            num_q_heads: int,
-            num_kv_heads: int,
-            max_batch: int,
-            max_tiles: int,
-        ) -> None:
-            # The plan is written in place.
-            return None
-
-    if hasattr(torch.ops._hpc_C, "prefill_attention"):
-
-        @torch.library.register_fake("_hpc_C::prefill_attention")
-        def _prefill_attention_fake(
-            q: torch.Tensor,
-            key_cache: torch.Tensor,
-            value_cache: torch.Tensor,
-            block_table: torch.Tensor,
-            query_start_loc: torch.Tensor,
-            seq_lens: torch.Tensor,
-            plan: torch.Tensor,
-            out: torch.Tensor,
-            q_scale: torch.Tensor | None,
-            k_scale: torch.Tensor | None,
-            v_scale: torch.Tensor | None,
-            scale: float,
-            softcap: float,
-            window: int,
-        ) -> None:
-            # out is written in place.
-            return None
+    @torch.library.register_fake("_hpc_C::prefill_attention")
+    def _prefill_attention_fake(
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        query_start_loc: torch.Tensor,
+        seq_lens: torch.Tensor,
+        plan: torch.Tensor,
+        out: torch.Tensor,
+        q_scale: torch.Tensor | None,
+        k_scale: torch.Tensor | None,
+        v_scale: torch.Tensor | None,
+        scale: float,
+        softcap: float,
+        window: int,
+    ) -> None:
+        # out is written in place.
+        return None

@@ -720,7 +720,6 @@ def _assert_reset(md) -> None:
     assert md.hpc_kv_written is False
     assert md.hpc_decode_q_scale is None
     assert md.hpc_prefill_q_scale is None
-    assert md.hpc_split_k_flag is None
     assert md.hpc_positions is None
 
 

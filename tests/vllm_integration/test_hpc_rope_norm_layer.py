@@ -250,7 +250,6 @@ def test_hpc_attn_metadata_has_handoff_fields():
         "hpc_kv_written",
         "hpc_decode_q_scale",
         "hpc_prefill_q_scale",
-        "hpc_split_k_flag",
     }
     assert used <= names, sorted(used - names)
 
@@ -495,7 +494,6 @@ def _metadata(**overrides) -> types.SimpleNamespace:
         hpc_kv_written=False,
         hpc_prefill_q_scale=None,
         hpc_decode_q_scale=None,
-        hpc_split_k_flag=None,
     )
     fields.update(overrides)
     return types.SimpleNamespace(**fields)
@@ -735,7 +733,6 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     assert kw["is_neox"] is False
 
     assert md.hpc_kv_written is True
-    assert md.hpc_split_k_flag is None
     assert md.hpc_decode_q_scale.shape == (2, 8)
     assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
     assert md.hpc_prefill_q_scale.shape == (3, 8)

@@ -14,30 +14,23 @@ reduction into the output, for two schemes:
   and ``[E_local, H/128, I/128]`` exactly as vLLM loads them) with dynamic
   1x128 activation scales (``kFp8Static128BlockSym`` x ``kFp8Dynamic128Sym``).
 
-The public surface is the one vLLM's oracle and modular kernel use (module
-path, class name, ``moe_config=``/``quant_config=`` constructor, the
-``_supports_*`` helpers, ``is_supported_config``). What differs from the
-``hpc``-package based implementation, on purpose:
+It plugs into vLLM's oracle and modular kernel like the other experts
+classes (module path, class name, ``moe_config=``/``quant_config=``
+constructor, the ``_supports_*`` helpers, ``is_supported_config``); the
+backend is available when ``vllm.utils.hpc.has_hpc_kernels()`` says so.
 
-* No external package: the kernel is in ``vllm._hpc_C``, built with this
-  tree; the backend is available when ``vllm.utils.hpc.has_hpc_kernels()``
-  says so.
-* ``expert_map`` is honoured: it is handed to the kernel, which maps each
-  global expert id to its local slot and skips ids that are not on this rank
-  (``-1``). Round-robin placement and uneven expert splits therefore work;
-  the old implementation assumed rank ``r`` held the contiguous range
-  ``[r * E_local, (r + 1) * E_local)``. Without a map the ids are already
-  local.
-* ``apply_router_weight_on_input`` is honoured: when the prepare step has
-  already scaled the input by the router weight, the kernel uses weight 1
-  instead of applying it a second time.
+* ``expert_map`` is handed to the kernel, which maps each global expert id to
+  its local slot and skips ids that are not on this rank (``-1``), so any
+  placement works (round-robin, uneven splits). Without a map the ids are
+  already local.
+* ``apply_router_weight_on_input``: when the prepare step has already scaled
+  the input by the router weight, the kernel uses weight 1.
 * The activation scales are passed as vLLM keeps them (``a1q_scale`` from the
-  prepare step, ``quant_config.a2_scale``) together with the weight scales,
-  not pre-multiplied ``g1_alphas``/``g2_alphas``.
+  prepare step, ``quant_config.a2_scale``) together with the weight scales.
 * ``is_supported_config`` gives a specific reason for every configuration
   the kernel does not handle (device, missing library, quantisation scheme,
   activation, input dtype, alignment, activation format, clamped SwiGLU,
-  biases) instead of accepting some of them and failing later.
+  biases, top-k).
 * The kernel's scratch memory is a ``MoeWorkspace`` sized once for the most
   tokens vLLM can hand to one call; it is shared by all layers of the same
   shape and kept by vLLM's workspace manager (one per micro-batch slot), so

@@ -6,31 +6,26 @@
 QKV projection, writes K and V into the layer's paged KV cache and returns Q
 (bfloat16/float16, or FP8-E4M3 with per-token-per-head scales when the KV
 cache is FP8). The work is done by ``_hpc_C::rope_norm_store_kv`` through
-``vllm._hpc_ops.rope_norm_store_kv``; the separately installed ``hpc`` package
-is not used.
+``vllm._hpc_ops.rope_norm_store_kv``.
 
-The public surface is the one model code already uses (``HpcRopeNorm``,
-``QkNormPolicy``, the ``vllm::hpc_rope_norm_forward`` splitting op) and the
-result is handed to the attention backend through the same
-``HpcAttnMetadata`` fields (``hpc_kv_written``, ``hpc_decode_q_scale``,
-``hpc_prefill_q_scale``). What differs from the ``hpc``-package based
-implementation, on purpose:
+Model code uses ``HpcRopeNorm``, ``QkNormPolicy`` and the
+``vllm::hpc_rope_norm_forward`` splitting op; the result is handed to the
+attention backend through ``HpcAttnMetadata`` fields (``hpc_kv_written``,
+``hpc_decode_q_scale``, ``hpc_prefill_q_scale``).
 
-* One kernel launch covers the whole batch. Decode and prefill tokens are not
-  processed by separate launches: every token carries its own position and
-  KV-cache slot, so the kernel does not need to know which phase it is in.
+* One kernel launch covers the whole batch: every token carries its own
+  position and KV-cache slot, so decode and prefill tokens need no separate
+  launches.
 * K and V are written straight into the paged cache through the strides of
   the cache views, whatever the page layout (the backend's pages interleave
-  K and V). There are no scratch pages and no separate scatter pass.
-* The unused tail of each request's last KV block is not zero-filled. The
-  in-tree attention kernels mask keys by sequence length, so stale slots past
-  ``seq_len`` are never read.
+  K and V): no scratch pages, no separate scatter pass.
+* The unused tail of each request's last KV block is left as it is: the
+  attention kernels mask keys by sequence length, so slots past ``seq_len``
+  are never read.
 * Token positions come from ``attn_metadata.positions`` when the metadata
   carries them, and are otherwise derived on the device from ``seq_lens`` and
   the query offsets (``derive_positions``), without a host synchronisation,
   once per step: the result is kept on the metadata that all layers share.
-* No split-K flag is produced: ``hpc_split_k_flag`` stays ``None``. The
-  in-tree decode planner replaces it.
 * FP8 Q scales live in one persistent ``[max_num_batched_tokens, num_heads]``
   float32 buffer shared by all layers (each layer's attention consumes its
   scales before the next layer's prologue runs): the attention builder's

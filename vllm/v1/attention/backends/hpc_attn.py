@@ -178,8 +178,6 @@ class HpcAttnMetadata(AttentionMetadata):
     hpc_prefill_q_scale: torch.Tensor | None = None
     """FP8 Q scales from the first prefill row on, [>= num_prefill_tokens,
     num_heads] (the prologue also covers padding rows)."""
-    hpc_split_k_flag: torch.Tensor | None = None
-    """Always None: the decode planner decides the KV split."""
     hpc_q_scale_buffer: torch.Tensor | None = None
     """Persistent float32 [max_num_batched_tokens, num_heads] buffer the
     prologue writes FP8 Q scales into (FP8 caches only)."""
