@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Builds the _hpc_C extension through CMake, as vLLM's setup.py does.
 
     python setup.py build_ext --inplace

@@ -202,7 +202,7 @@ def _step_until_done(
             profiler.start()
         t0 = time.perf_counter()
         engine.step()
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         if profiler is None:
             times.append(time.perf_counter() - t0)
         step += 1

@@ -140,14 +140,14 @@ def measure_copy_bandwidth_gbps(num_bytes: int = 2 * 2**30, iters: int = 20) -> 
     dst = torch.empty_like(src)
     for _ in range(3):
         dst.copy_(src)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     events = new_events(iters)
     sleep_ahead()
     for start, end in events:
         start.record()
         dst.copy_(src)
         end.record()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     return 2 * num_bytes / (median_ms(events) * 1e-3) / 1e9
 
 
@@ -205,7 +205,7 @@ def measure_matmul_tflops(
     except Exception as err:  # noqa: BLE001 - recorded, the caller falls back
         rates["fp8"] = None
         notes["fp8"] = f"not measured: {short_error(err)}"
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     return rates, notes
 
 
@@ -231,7 +231,7 @@ class L2Scrub:
     """Reads a buffer of four times the L2 size to evict earlier data."""
 
     def __init__(self) -> None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties()
         self.l2_bytes = int(getattr(props, "L2_cache_size", 0)) or 60 * 2**20
         self.buf = torch.ones(4 * self.l2_bytes // 4096, 1024, device="cuda")
         self.out = torch.empty(1024, device="cuda")
@@ -344,7 +344,7 @@ def capture_graphs(
         for s in sets:
             impl(s)
     torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     graphs = []
     for s in sets:
         graph = torch.cuda.CUDAGraph()
@@ -366,7 +366,7 @@ def time_graphs(
     each replay timed on its own by a pair of CUDA events."""
     for i in range(warmup):
         graphs[i % len(graphs)].replay()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     events = new_events(iters)
     sleep_ahead()
     for i, (start, end) in enumerate(events):
@@ -375,7 +375,7 @@ def time_graphs(
         start.record()
         graphs[i % len(graphs)].replay()
         end.record()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     return median_ms(events) * 1e3
 
 
@@ -399,7 +399,7 @@ def write_results(
     ``out_dir`` when given) in the shape the design notes fix; ``extra``
     adds top-level fields after the copy bandwidth (e.g. a measured matmul
     rate, or the baselines that could not run)."""
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    props = torch.cuda.get_device_properties()
     result = {
         "gpu": torch.cuda.get_device_name(),
         "sm_count": props.multi_processor_count,
@@ -672,7 +672,7 @@ def sync_quietly() -> None:
     """Synchronize after a failure; a sticky CUDA error shows up in the next
     case's record instead of ending the run here."""
     with contextlib.suppress(Exception):
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
 
 
 def json_float(x: float, digits: int) -> float | str:
@@ -707,7 +707,7 @@ def check_impls(
             impl = makers[name]()
             first_set.out.fill_(float("nan"))
             out = impl(first_set)
-            torch.cuda.synchronize()
+            torch.accelerator.synchronize()
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
             checked.errors[name] = short_error(err)
             sync_quietly()
@@ -769,7 +769,7 @@ def time_impls(
             del graphs
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
             errors[name] = short_error(err)
-            torch.cuda.synchronize()
+            torch.accelerator.synchronize()
             if name == first:
                 break
     return timings
@@ -967,5 +967,5 @@ def run_guarded(
         ok = False
     records.extend(case_records)
     print_progress(workload, name, case_records, started)
-    torch.cuda.empty_cache()
+    torch.accelerator.empty_cache()
     return ok

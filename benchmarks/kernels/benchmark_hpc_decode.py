@@ -1034,7 +1034,7 @@ def check_replay(
     for out in outs:
         out.fill_(float("nan"))
     graph.replay()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     return [error(i, out) for i, out in enumerate(outs)]
 
 
@@ -1200,7 +1200,7 @@ def bench_plan(
             del graphs, single
         except Exception as err:  # noqa: BLE001 - recorded, the run goes on
             errors[impl] = short_error(err)
-            torch.cuda.synchronize()
+            torch.accelerator.synchronize()
     records = []
     for impl in modes:
         extra = (
@@ -1281,7 +1281,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     max_kv_gb = args.max_kv_gb
     if max_kv_gb is None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties()
         max_kv_gb = min(MAX_KV_GB, KV_MEMORY_SHARE * props.total_memory / 1e9)
     opts = Options(
         iters=args.iters,
@@ -1309,7 +1309,7 @@ def main(argv: list[str] | None = None) -> int:
 
     missing = find_missing(opts.baselines)
     bandwidth = measure_copy_bandwidth_gbps()
-    torch.cuda.empty_cache()
+    torch.accelerator.empty_cache()
     env = Env(
         hpc_ops=import_hpc_ops(),
         bandwidth_gbps=bandwidth,

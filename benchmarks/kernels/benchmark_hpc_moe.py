@@ -389,7 +389,7 @@ class WeightCache:
         if case.weight_key != self.key:
             self.sets = []
             self.key = case.weight_key
-            torch.cuda.empty_cache()
+            torch.accelerator.empty_cache()
         while len(self.sets) < count:
             seed = _seed("weights", *case.weight_key, len(self.sets))
             self.sets.append(
@@ -906,7 +906,7 @@ def time_eager(
     round-robin over ``sets``, each call between a pair of CUDA events."""
     for i in range(warmup):
         impl(sets[i % len(sets)])
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     events = new_events(iters)
     for i, (start, end) in enumerate(events):
         if scrub is not None:
@@ -914,7 +914,7 @@ def time_eager(
         start.record()
         impl(sets[i % len(sets)])
         end.record()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     return median_ms(events) * 1e3
 
 
@@ -1246,7 +1246,7 @@ def main(argv: list[str] | None = None) -> int:
 
     max_weight_gb = args.max_weight_gb
     if max_weight_gb is None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties()
         max_weight_gb = min(
             MAX_WEIGHT_GB, WEIGHT_MEMORY_SHARE * props.total_memory / 1e9
         )
@@ -1259,7 +1259,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = find_missing(opts.baselines)
     bandwidth = measure_copy_bandwidth_gbps()
     tflops, rates, rate_notes = floor_matmul_tflops()
-    torch.cuda.empty_cache()
+    torch.accelerator.empty_cache()
     env = Env(
         hpc_ops=hpc_ops,
         bandwidth_gbps=bandwidth,
@@ -1289,7 +1289,7 @@ def main(argv: list[str] | None = None) -> int:
         print_progress(
             WORKLOAD, case.name, case_records, started, f", {touched} experts"
         )
-        torch.cuda.empty_cache()
+        torch.accelerator.empty_cache()
     env.weights.clear()
 
     extra: dict[str, Any] = {

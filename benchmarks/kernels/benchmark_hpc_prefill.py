@@ -896,14 +896,14 @@ def _time_eager(run: Callable[[object], None], iters: int, warmup: int) -> float
     """Median microseconds of one eager call, each timed by CUDA events."""
     for _ in range(warmup):
         run(None)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     events = new_events(iters)
     sleep_ahead()
     for start, end in events:
         start.record()
         run(None)
         end.record()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     return median_ms(events) * 1e3
 
 
@@ -920,7 +920,7 @@ def bench_plan(
     try:
         ws = create_workspace(tp, shape)
         ws.plan(layout.query_start_loc, layout.seq_lens)
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         plan_buffer = getattr(ws, "plan_buffer", None)
         if isinstance(plan_buffer, torch.Tensor):
             nbytes = 4 * (2 * shape.batch + 1) + plan_buffer.nbytes
@@ -941,14 +941,14 @@ def bench_plan(
             )
             del graphs, single
         except Exception as err:  # noqa: BLE001 - fall back to eager timing
-            torch.cuda.synchronize()
+            torch.accelerator.synchronize()
             us = _time_eager(_plan_runner(ws, layout, 1), opts.iters, opts.warmup)
             extra["graph"] = False
             extra["capture_error"] = short_error(err)
     except Exception as err:  # noqa: BLE001 - recorded, the run goes on
         extra["error"] = short_error(err)
         us = None
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
     return [make_record("PLAN", name, HPC, us, floor_us, **extra)], us is not None
 
 
@@ -1079,7 +1079,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     max_gb = args.max_gb
     if max_gb is None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties()
         max_gb = min(MAX_GB, MEMORY_SHARE * props.total_memory / 1e9)
     opts = Options(
         iters=args.iters,
@@ -1092,7 +1092,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = measure_copy_bandwidth_gbps()
     tflops, rates, rate_notes = floor_matmul_tflops()
     bf16_rate, fp8_rate = tflops["bf16"], tflops["fp8"]
-    torch.cuda.empty_cache()
+    torch.accelerator.empty_cache()
     env = Env(
         hpc_ops=hpc_ops,
         bandwidth_gbps=bandwidth,

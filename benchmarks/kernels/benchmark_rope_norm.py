@@ -539,7 +539,7 @@ def check_impl(case: Case, shared: Shared, s: InputSet, impl: Impl) -> str | Non
     hq, hkv = case.heads
     s.poison()
     impl(s)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     q, k, v = prologue_math(
         s.qkv,
         s.positions,
@@ -635,7 +635,7 @@ def bench_case(
             if name == HPC:
                 raise
             print(f"  {case.name}: {name} failed: {type(err).__name__}: {err}")
-            torch.cuda.synchronize()
+            torch.accelerator.synchronize()
 
     records = []
     for name, us in timings.items():
@@ -723,7 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         records.extend(case_records)
         hpc = case_records[0]
         print(f"  {case.name}: hpc {hpc['us']} us, {hpc['fraction_of_floor']} of floor")
-        torch.cuda.empty_cache()
+        torch.accelerator.empty_cache()
 
     finish_run(RESULT_NAME, records, bandwidth, args.out)
     return 0

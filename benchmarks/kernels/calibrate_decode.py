@@ -371,7 +371,7 @@ def check_read(case: CalCase, s: CalSet, pages: torch.Tensor) -> str | None:
     """Why the read kernel's sums of the first set are wrong, or None."""
     sums = torch.empty(case.num_tiles, dtype=torch.int32, device=pages.device)
     launch_read(s.k_words, s.v_words, pages, sums)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     n = case.num_tiles
     tiles = sorted(
         set(range(min(CHECK_TILES, n))) | set(range(max(0, n - CHECK_TILES), n))
@@ -559,12 +559,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hpc skipped: {hpc_missing}")
     max_gb = args.max_kv_gb
     if max_gb is None:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        props = torch.cuda.get_device_properties()
         max_gb = min(
             decode.MAX_KV_GB, decode.KV_MEMORY_SHARE * props.total_memory / 1e9
         )
     bandwidth = measure_copy_bandwidth_gbps()
-    torch.cuda.empty_cache()
+    torch.accelerator.empty_cache()
     env = Env(
         bandwidth_gbps=bandwidth,
         scrub=L2Scrub(),
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
             sync_quietly()
         records.extend(case_records)
         print_case(case_records, started)
-        torch.cuda.empty_cache()
+        torch.accelerator.empty_cache()
 
     extra = {
         "l2_bytes": env.scrub.l2_bytes,

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Exit non-zero with one line unless a Hopper (sm90) GPU is visible."""
 
 import sys

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     run = make_hpc(case, layout, import_hpc_ops(), inputs)
     for _ in range(args.runs):
         run(inputs)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     print(f"profile_prefill: {case.name}, {args.runs} launches")
     return 0
 

@@ -105,7 +105,7 @@ def run_and_check(inputs: InputsT, case_id: str, run: Callable[[], None]) -> Inp
     q_before = inputs.q.clone()
     inputs.poison_out()
     run()
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     assert bitwise_equal(inputs.q, q_before), f"{case_id}: q changed"
     print_check(inputs, case_id)
     return inputs
@@ -119,7 +119,7 @@ def capture_graph(run: Callable[[], None]) -> torch.cuda.CUDAGraph:
     with torch.cuda.stream(stream):
         run()
     torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()

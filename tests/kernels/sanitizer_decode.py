@@ -139,7 +139,7 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     ws = workspaces.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
     ws.plan(inputs.kv_lens, inputs.query_tokens)
     hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     plan = read_decode_plan(ws)
 
     def verify() -> str:

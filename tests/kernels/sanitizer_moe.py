@@ -199,7 +199,7 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
             **inputs.op_kwargs(),
             global_num_experts=inputs.num_global_experts,
         )
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         label = f"{name} run {run}"
         check(label, functools.partial(verify, label))
 

@@ -120,7 +120,7 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     inputs.poison_out()
     ws.plan(inputs.query_start_loc, inputs.seq_lens)
     hpc_ops.prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
 
     def verify() -> str:
         return str(inputs.check(name))

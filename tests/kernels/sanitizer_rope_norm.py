@@ -112,7 +112,7 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     inputs = make_prologue_inputs(**kwargs, seed=seed, device="cuda")  # type: ignore[arg-type]
     qkv_before = inputs.qkv.clone()
     hpc_ops.rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
 
     def verify() -> str:
         stats = check_outputs(inputs, qkv_before, name)

@@ -604,7 +604,7 @@ def test_cuda_graph_replay(case: Case) -> None:
         fresh.copy_into(static)
         static.poison_out()
         graph.replay()
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         print_check(static, f"{case.id} replay {seed} lens={lens}")
 
 
@@ -693,7 +693,7 @@ def test_batch_invariance(case: Case) -> None:
         sub = _subset(inputs, order)
         sub.poison_out()
         _run(sub, ws)
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         print_check(sub, f"{case.id} batch {order}")
         pos = order.index(0)
         results.append(sub.out[pos * q : (pos + 1) * q])

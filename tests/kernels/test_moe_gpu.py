@@ -198,7 +198,7 @@ def _run_and_check(case: Case, seed: int = 0) -> MoeInputs:
     before = {k: v.clone() for k, v in inputs.input_tensors().items()}
     inputs.poison_out()
     _run(inputs, ws)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     for name, value in inputs.input_tensors().items():
         assert bitwise_equal(value, before[name]), f"{case.id}: {name} changed"
     _check(inputs, case.id)
@@ -447,7 +447,7 @@ def test_workspace_serves_every_mode() -> None:
         case = Case(tokens=tokens, shape=shape, quant=quant, ep="map")
         inputs = case.build(seed=seed)
         _run(inputs, ws)
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         _check(inputs, f"shared workspace {case.id}")
 
 
@@ -461,7 +461,7 @@ def test_writes_stay_inside_out(quant: str) -> None:
     big = torch.full((m + 2, h + 64), float("nan"), dtype=BF16, device="cuda")
     inputs.out = big[1 : m + 1, :h]
     _run(inputs, case.workspace())
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     _check(inputs, case.id)
     assert bool(big[0].isnan().all()) and bool(big[m + 1].isnan().all())
     assert bool(big[:, h:].isnan().all())
@@ -471,7 +471,7 @@ def test_zero_tokens() -> None:
     case = Case(tokens=0, shape=Shape(8, 8, 2048, 768), quant="block")
     inputs = case.build()
     _run(inputs, case.workspace(max_tokens=8))
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     assert inputs.out.shape == (0, 2048)
 
 
@@ -553,7 +553,7 @@ def test_cuda_graph_replay(case: Case, graph_tokens: tuple[int, ...]) -> None:
         with torch.cuda.stream(stream):
             _run(static, ws)  # warm up outside the capture
         torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             _run(static, ws)
@@ -567,7 +567,7 @@ def test_cuda_graph_replay(case: Case, graph_tokens: tuple[int, ...]) -> None:
             fresh.copy_into(static)
             static.poison_out()
             graph.replay()
-            torch.cuda.synchronize()
+            torch.accelerator.synchronize()
             _check(static, f"{case.id} graph M={tokens} replay {replay}")
 
 

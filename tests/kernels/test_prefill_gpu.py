@@ -427,7 +427,7 @@ def test_unchecked_matches_checked(case: Case) -> None:
     for checked in (False, True):
         inputs.poison_out()
         _run(inputs, ws, checked=checked)
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         form = "checked" if checked else "unchecked"
         assert bitwise_equal(inputs.out, first), (
             f"{case.id}: the {form} run differs from the first run"
@@ -523,5 +523,5 @@ def test_cuda_graph_replay(case: Case, checked: bool) -> None:
         fresh.copy_into(static)
         static.poison_out()
         graph.replay()
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         print_check(static, f"{case.id} replay {i} lens={list(lens)}")

@@ -751,7 +751,7 @@ def test_gpu_plan_cuda_graph() -> None:
     qsl = torch.zeros(max_batch + 1, dtype=torch.int32, device="cuda")
     kv = torch.zeros(max_batch, dtype=torch.int32, device="cuda")
     ws.plan(qsl, kv)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         ws.plan(qsl, kv)

@@ -236,7 +236,7 @@ def _run_and_check(case: Case) -> None:
     inputs = case.build()
     qkv_before = inputs.qkv.clone()
     _run(inputs)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     stats = check_outputs(inputs, qkv_before, case.id)
     print(case.id, {name: str(s) for name, s in stats.items()})
 
@@ -293,7 +293,7 @@ def test_cuda_graph_replay(case: Case) -> None:
     with torch.cuda.stream(stream):
         _run(static)  # warm up outside the capture
     torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -306,7 +306,7 @@ def test_cuda_graph_replay(case: Case) -> None:
         static.slot_mapping.copy_(fresh.slot_mapping)
         static.poison_outputs()
         graph.replay()
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         check_outputs(static, fresh.qkv, f"{case.id} replay {seed}")
 
 
@@ -359,6 +359,6 @@ def test_interleaved_views_do_not_clobber_each_other() -> None:
     inputs = case.build(num_blocks=4)  # every slot of the cache is written
     qkv_before = inputs.qkv.clone()
     _run(inputs)
-    torch.cuda.synchronize()
+    torch.accelerator.synchronize()
     check_outputs(inputs, qkv_before, case.id)
     assert not torch.isnan(inputs.kv_cache.float()).any()

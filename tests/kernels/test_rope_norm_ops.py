@@ -15,11 +15,11 @@
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import regex as re
 import torch
 from rope_norm_reference import (
     FP8_DTYPE,

@@ -135,7 +135,7 @@ class _FakeProfiler:
 def test_profiled_steps_are_not_timed(monkeypatch: pytest.MonkeyPatch):
     import torch
 
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: None)
     monkeypatch.setattr(torch.profiler, "profile", _FakeProfiler)
     engine = _FakeEngine(6)
     times, kernels = e2e._step_until_done(engine)

@@ -278,7 +278,7 @@ def _exact(refs: dict[int, torch.Tensor], q_tokens: int):
 
 
 def test_check_case_uses_the_e4m3_reference_for_fa3(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: None)
     case = bench.Case("W2", "tp8", True, (128, 64, 192), 1)
     layout = bench.make_layout(case, device="cpu")
     s = bench.make_input_set(case, seed=1, device="cpu")
@@ -313,7 +313,7 @@ def test_check_replay_poisons_outputs(monkeypatch: pytest.MonkeyPatch):
         seen.append(i)
         return 0.0 if bool(torch.isfinite(out).all()) else float("inf")
 
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: None)
     errs = bench.check_replay(Graph(outs, [True, False]), outs, error)
     # The layer the replay left alone keeps its NaN and fails.
     assert errs == [0.0, float("inf")]
@@ -416,7 +416,7 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch) -> bench.Env:
     for module in (bench, bench_utils):
         monkeypatch.setattr(module, "capture_graphs", replay_graphs)
         monkeypatch.setattr(module, "time_graphs", count_calls)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda: None)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
     cpu_layout, cpu_set = bench.make_layout, bench.make_input_set
     monkeypatch.setattr(

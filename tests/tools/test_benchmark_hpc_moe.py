@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 import sys
 from pathlib import Path
 
 import pytest
+import regex as re
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

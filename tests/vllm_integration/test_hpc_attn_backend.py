@@ -11,7 +11,6 @@ replaced by recording stand-ins that check what each is handed.
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import types
@@ -19,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import regex as re
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 

@@ -444,7 +444,7 @@ def _run(case: Case, tmp_path: Path, *, impl_writes: bool) -> None:
         impl.do_kv_cache_update(layer, key, value, batch.kv_cache, md.slot_mapping)
     impl.forward(layer, query, key, value, batch.kv_cache, md, output)
     if DEVICE == "cuda":
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
     assert md.hpc_kv_written is False and md.hpc_decode_q_scale is None
 
     lens = [(q, s) for q, s in zip(case.query_lens, case.seq_lens, strict=True)]
@@ -565,7 +565,7 @@ def test_fusion_hooks_match_reference(kv_cache_dtype: str, variant: str):
         ref = reference_prologue(qkv, positions, cos_sin, hq, hkv, d)
         q_result = query.reshape(t, hq, d)
     if DEVICE == "cuda":
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
 
     assert_close(q_result.float(), ref.q, 1e-2, f"{variant} q")
     key_cache, value_cache = kv_cache.transpose(1, 2).split(d, dim=-1)
@@ -641,7 +641,7 @@ def test_full_graph_replays_the_next_steps_plan(tmp_path: Path, num_spec: int):
 
     if DEVICE == "cuda":
         step(md_capture)  # warm-up outside the graph
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step(md_capture)
@@ -653,7 +653,7 @@ def test_full_graph_replays_the_next_steps_plan(tmp_path: Path, num_spec: int):
     output.fill_(float("nan"))
     if DEVICE == "cuda":
         graph.replay()
-        torch.cuda.synchronize()
+        torch.accelerator.synchronize()
     else:
         step(md_next)
 

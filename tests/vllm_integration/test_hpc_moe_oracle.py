@@ -13,10 +13,10 @@ validation plus the op's fake implementation).
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any
 
 import pytest
+import regex as re
 
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
