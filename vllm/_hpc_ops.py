@@ -26,7 +26,7 @@ import enum
 import glob
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -297,16 +297,16 @@ def _validate_rope_norm(
         )
     cache_is_fp8 = key_cache.dtype == torch.float8_e4m3fn
     if cache_is_fp8:
-        for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
-            if t is None:
+        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if scale is None:
                 raise ValueError(f"{name} is required when the KV cache is FP8")
-            _check_tensor(name, t)
-            if t.numel() != 1 or t.dtype != torch.float32:
+            _check_tensor(name, scale)
+            if scale.numel() != 1 or scale.dtype != torch.float32:
                 raise ValueError(
                     f"{name} must be a float32 tensor with one element, got "
-                    f"shape {tuple(t.shape)} dtype {t.dtype}"
+                    f"shape {tuple(scale.shape)} dtype {scale.dtype}"
                 )
-            _check_device(name, t, device)
+            _check_device(name, scale, device)
     elif key_cache.dtype != qkv.dtype:
         raise ValueError(
             f"key_cache dtype {key_cache.dtype} must equal qkv dtype {qkv.dtype} "
@@ -415,6 +415,7 @@ def _validate_rope_norm(
             _check_device(name, w, device)
             _check_contiguous(name, w)
             _check_aligned(name, w)
+        assert q_norm_weight is not None and k_norm_weight is not None
         if q_norm_weight.dtype != k_norm_weight.dtype:
             raise ValueError(
                 f"q_norm_weight dtype {q_norm_weight.dtype} must equal "
@@ -1450,7 +1451,7 @@ def _validate_moe(
         )
 
     # One CUDA device (meta while tracing), the workspace's.
-    for name, t in (
+    on_device: tuple[tuple[str, torch.Tensor | None], ...] = (
         ("hidden_states", hidden_states),
         ("w13", w13),
         ("w2", w2),
@@ -1463,10 +1464,12 @@ def _validate_moe(
         ("a2_scale", a2_scale),
         ("expert_map", expert_map),
         ("shared_output", shared_output),
-    ):
-        if t is not None and t.device != device:
+    )
+    for name, tensor in on_device:
+        if tensor is not None and tensor.device != device:
             raise ValueError(
-                f"{name} is on {t.device}; expected the workspace's device {device}"
+                f"{name} is on {tensor.device}; expected the workspace's device "
+                f"{device}"
             )
     return block_wise
 
@@ -1685,9 +1688,10 @@ def moe_tiling(
     # instead of shifting the others.
     fields = dict(zip(torch.ops._hpc_C.moe_tiling_fields(), values, strict=True))
     flags = {f.name for f in dataclasses.fields(MoeTiling) if f.type == "bool"}
-    return MoeTiling(
-        **{name: bool(v) if name in flags else int(v) for name, v in fields.items()}
-    )
+    kwargs: dict[str, Any] = {
+        name: bool(v) if name in flags else int(v) for name, v in fields.items()
+    }
+    return MoeTiling(**kwargs)
 
 
 if _LIBRARY_LOADED:

@@ -497,7 +497,7 @@ def fa3_variant(num_splits: int, fp8: bool) -> str:
 def make_fa3(
     case: Case, layout: Layout, num_splits: int, notes: dict[str, str], name: str
 ) -> Impl:
-    """vLLM's FLASH_ATTN decode call (flash_attn.py ``forward``): the step's
+    """The FLASH_ATTN decode call of vLLM (flash_attn.py ``forward``): the step's
     scheduler metadata once, here, then one ``flash_attn_varlen_func`` per
     call with the same ``num_splits``."""
     from vllm.vllm_flash_attn import flash_attn_varlen_func
@@ -644,7 +644,7 @@ def make_flex(case: Case, layout: Layout) -> Impl:
 
 
 def make_triton(case: Case, layout: Layout) -> Impl:
-    """vLLM's Triton backend call (triton_attn.py), with its split-KV (3D)
+    """The Triton backend call of vLLM (triton_attn.py), with its split-KV (3D)
     scratch sized as the backend sizes it."""
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
     from vllm.v1.kv_cache_interface import KVQuantMode

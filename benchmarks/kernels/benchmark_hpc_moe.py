@@ -715,7 +715,7 @@ def make_torch(case: Case, problem: Problem) -> Impl:
 
 
 def make_fused_experts(case: Case, problem: Problem, sets: list[InputSet]) -> Impl:
-    """vLLM's Triton ``fused_experts`` with the same FP8 scheme: a quant
+    """The Triton ``fused_experts`` of vLLM with the same FP8 scheme: a quant
     config on releases that take one, the older keyword flags otherwise."""
     from vllm.model_executor.layers.fused_moe.fused_moe import fused_experts
 
@@ -772,7 +772,7 @@ def quantize_activation(
 def align_routing(
     slots: torch.Tensor, block_m: int, num_experts: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """vLLM's ``moe_align_block_size`` with ``ignore_invalid_experts``:
+    """The ``moe_align_block_size`` of vLLM with ``ignore_invalid_experts``:
     each local expert's routed rows (flat ``token * k + j`` indices, from the
     host ``slots``: local expert or -1) padded to a multiple of ``block_m``
     with the sentinel ``slots.numel()``; the local expert of every block

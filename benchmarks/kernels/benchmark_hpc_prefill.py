@@ -522,7 +522,7 @@ def make_fa3(case: Case, layout: Layout, notes: dict[str, str]) -> Impl:
 
 
 def make_triton(case: Case, layout: Layout) -> Impl:
-    """vLLM's Triton backend call (triton_attn.py) for a prefill batch:
+    """The Triton backend call of vLLM (triton_attn.py) for a prefill batch:
     queries longer than the split-KV limit always take the 2D kernel, so no
     split-KV scratch is passed."""
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention

@@ -479,6 +479,11 @@ class HPCExperts(mk.FusedMoEExpertsModular):
         if activation != MoEActivation.SILU:
             raise ValueError(f"{_KERNEL} implements SiLU only, got {activation}")
         quant = self.quant_config
+        w13_scale, w2_scale = quant.w1_scale, quant.w2_scale
+        if w13_scale is None or w2_scale is None:
+            raise ValueError(f"{_KERNEL} needs the FP8 weight scales")
+        a1: torch.Tensor | None
+        a2: torch.Tensor | None
         if self.block_wise:
             if a1q_scale is None:
                 raise ValueError(
@@ -521,9 +526,14 @@ class HPCExperts(mk.FusedMoEExpertsModular):
                 _rows(topk_ids, start, end, whole),
                 _rows(output, start, end, whole),
                 workspace,
-                w13_scale=quant.w1_scale,
-                w2_scale=quant.w2_scale,
-                a1_scale=_rows(a1, start, end, whole) if self.block_wise else a1,
+                w13_scale=w13_scale,
+                w2_scale=w2_scale,
+                # Block-wise scales are per token row; per-tensor ones whole.
+                a1_scale=(
+                    _rows(a1, start, end, whole)
+                    if a1 is not None and self.block_wise
+                    else a1
+                ),
                 a2_scale=a2,
                 block_shape=BLOCK_SHAPE if self.block_wise else None,
                 expert_map=expert_map,

@@ -44,7 +44,7 @@ that it and the attention both run at replay.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -634,27 +634,29 @@ class HpcRopeNorm(CustomOp, HpcModule):
         key_cache, value_cache = split_kv_cache(kv_cache, self.head_dim, self.use_fp8)
         positions = _positions_from_metadata(attn_metadata, num_tokens)
 
-        k_scale = v_scale = None
+        k_scale: torch.Tensor | None = None
+        v_scale: torch.Tensor | None = None
         if key_cache.dtype == torch.float8_e4m3fn:
-            k_scale = attn_layer._k_scale.reshape(1)
-            v_scale = attn_layer._v_scale.reshape(1)
+            k_scale = cast(torch.Tensor, attn_layer._k_scale).reshape(1)
+            v_scale = cast(torch.Tensor, attn_layer._v_scale).reshape(1)
 
-        q_scale = None
+        q_scale: torch.Tensor | None = None
         if output.dtype == torch.float8_e4m3fn:
             q_scale = self._step_q_scale(attn_metadata, num_tokens, qkv.device)
 
-        q_norm_weight = k_norm_weight = None
+        q_norm_weight: torch.Tensor | None = None
+        k_norm_weight: torch.Tensor | None = None
         if self.qk_norm_policy != QkNormPolicy.NONE:
             assert self.fallback_qnorm is not None
             assert self.fallback_knorm is not None
-            q_norm_weight = self.fallback_qnorm.weight
-            k_norm_weight = self.fallback_knorm.weight
+            q_norm_weight = cast(torch.Tensor, self.fallback_qnorm.weight)
+            k_norm_weight = cast(torch.Tensor, self.fallback_knorm.weight)
 
         rope_norm_store_kv_unchecked(
             qkv[:num_tokens],
             positions,
             attn_metadata.slot_mapping,
-            self.cos_sin_cache,
+            cast(torch.Tensor, self.cos_sin_cache),
             key_cache,
             value_cache,
             output[:num_tokens],
@@ -670,15 +672,14 @@ class HpcRopeNorm(CustomOp, HpcModule):
 
         # Every hand-off field is written, so nothing of another layer's
         # prologue survives even if its attention did not consume it.
-        has_scales = q_scale is not None
         attn_metadata.hpc_decode_q_scale = (
             q_scale[:num_decode_tokens]
-            if has_scales and attn_metadata.num_decodes > 0
+            if q_scale is not None and attn_metadata.num_decodes > 0
             else None
         )
         attn_metadata.hpc_prefill_q_scale = (
             q_scale[num_decode_tokens:]
-            if has_scales and attn_metadata.num_prefills > 0
+            if q_scale is not None and attn_metadata.num_prefills > 0
             else None
         )
         # The attention backend skips its own KV-cache write when this is set.

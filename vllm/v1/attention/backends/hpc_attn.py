@@ -53,7 +53,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -466,8 +466,8 @@ class HpcAttentionBackend(AttentionBackend):
             )
         # The selector is not told the head counts; read them off the model.
         vllm_config = get_current_vllm_config_or_none()
-        model_config = vllm_config.model_config if vllm_config else None
-        if model_config is not None:
+        if vllm_config is not None and vllm_config.model_config is not None:
+            model_config = vllm_config.model_config
             parallel_config = vllm_config.parallel_config
             num_heads = model_config.get_num_attention_heads(parallel_config)
             num_kv_heads = model_config.get_num_kv_heads(parallel_config)
@@ -656,6 +656,10 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
 
         num_decode_tokens = md.num_decode_tokens
         if md.num_decodes:
+            # The builder sets the decode fields whenever there are decodes.
+            assert md.decode_block_table is not None
+            assert md.decode_seq_lens is not None
+            assert md.decode_workspace is not None
             decode_attention_unchecked(
                 query[:num_decode_tokens],
                 key_cache,
@@ -672,6 +676,11 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
                 softcap=self.logits_soft_cap,
             )
         if md.num_prefills:
+            # Likewise the prefill fields whenever there are prefills.
+            assert md.prefill_block_table is not None
+            assert md.qo_indptr is not None
+            assert md.prefill_seq_lens is not None
+            assert md.prefill_workspace is not None
             end = num_decode_tokens + md.num_prefill_tokens
             prefill_attention_unchecked(
                 query[num_decode_tokens:end],
@@ -856,10 +865,10 @@ def _prologue_wrote_kv(layer: AttentionLayer) -> bool:
     """Whether ``HpcRopeNorm`` wrote this layer's K/V in the current step."""
     if not is_forward_context_available():
         return False
-    metadata = get_forward_context().attn_metadata
+    metadata: Any = get_forward_context().attn_metadata
     if isinstance(metadata, list):
         # Speculative decoding: entry 0 is the target model's metadata.
         metadata = metadata[0]
     if isinstance(metadata, dict):
-        metadata = metadata.get(layer.layer_name)
+        metadata = metadata.get(getattr(layer, "layer_name", ""))
     return bool(getattr(metadata, "hpc_kv_written", False))
