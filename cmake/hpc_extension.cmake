@@ -31,8 +31,6 @@ print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(sysconfig.get_paths()['include'])
 spec = importlib.util.find_spec('cutlass_library')
 print(os.path.join(list(spec.submodule_search_locations)[0], 'source') if spec else '')
-spec = importlib.util.find_spec('nvidia')
-print(os.path.join(list(spec.submodule_search_locations)[0], 'cu13', 'include') if spec else '')
 "
   OUTPUT_VARIABLE _hpc_py_out
   RESULT_VARIABLE _hpc_py_rc
@@ -46,7 +44,6 @@ list(GET _hpc_py_out 1 HPC_TORCH_LIBDIR)
 list(GET _hpc_py_out 2 HPC_CXX11_ABI)
 list(GET _hpc_py_out 3 HPC_PYTHON_INCLUDE)
 list(GET _hpc_py_out 4 HPC_CUTLASS_PKG_DIR)
-list(GET _hpc_py_out 5 HPC_NVIDIA_PIP_INCLUDE)
 
 if(NOT CUTLASS_DIR AND DEFINED ENV{CUTLASS_DIR})
   set(CUTLASS_DIR "$ENV{CUTLASS_DIR}")
@@ -73,27 +70,30 @@ set_target_properties(_hpc_C PROPERTIES
   CUDA_RUNTIME_LIBRARY Shared
   CXX_STANDARD 20
   CUDA_STANDARD 20
-  POSITION_INDEPENDENT_CODE ON)
+  POSITION_INDEPENDENT_CODE ON
+  # Only PyInit__hpc_C is exported: the ops register through static
+  # initializers, and the stable headers' inline code (c10::toString of a
+  # dtype) stays private to the library rather than shared with other
+  # extensions built against other torch headers.
+  CXX_VISIBILITY_PRESET hidden
+  CUDA_VISIBILITY_PRESET hidden
+  VISIBILITY_INLINES_HIDDEN ON)
 target_include_directories(_hpc_C PRIVATE
   "${HPC_SOURCE_DIR}"
   "${CUTLASS_DIR}/include"
   "${CUTLASS_DIR}/tools/util/include")
 target_include_directories(_hpc_C SYSTEM PRIVATE
   "${HPC_TORCH_INCLUDE}"
-  "${HPC_TORCH_INCLUDE}/torch/csrc/api/include"
   "${HPC_PYTHON_INCLUDE}"
   ${CUDAToolkit_INCLUDE_DIRS})
+# The adapters use torch's stable C ABI only, as vLLM's extensions do: the
+# target version keeps to the shims torch 2.11 has (and makes every non-stable
+# torch header an error), USE_CUDA declares the CUDA shims (current stream).
 target_compile_definitions(_hpc_C PRIVATE
   Py_LIMITED_API=0x03090000
-  TORCH_EXTENSION_NAME=_hpc_C
+  TORCH_TARGET_VERSION=0x020B000000000000ULL
+  USE_CUDA
   _GLIBCXX_USE_CXX11_ABI=${HPC_CXX11_ABI})
-# Library headers that torch's headers may include but a bare toolkit lacks
-# come last, from the CUDA pip packages, so they never shadow the toolkit.
-if(EXISTS "${HPC_NVIDIA_PIP_INCLUDE}")
-  target_compile_options(_hpc_C PRIVATE
-    $<$<COMPILE_LANGUAGE:CXX>:-idirafter${HPC_NVIDIA_PIP_INCLUDE}>
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-idirafter,${HPC_NVIDIA_PIP_INCLUDE}>)
-endif()
 target_compile_options(_hpc_C PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:
     -gencode=arch=compute_90a,code=sm_90a
@@ -102,8 +102,8 @@ target_compile_options(_hpc_C PRIVATE
     -O3>
   $<$<COMPILE_LANGUAGE:CXX>:-O2>)
 target_link_directories(_hpc_C PRIVATE "${HPC_TORCH_LIBDIR}")
-target_link_libraries(_hpc_C PRIVATE c10 c10_cuda torch torch_cpu torch_cuda
-  CUDA::cudart)
+# The stable shims live in these two; nothing else of torch is linked.
+target_link_libraries(_hpc_C PRIVATE torch_cpu torch_cuda CUDA::cudart)
 set_target_properties(_hpc_C PROPERTIES
   BUILD_RPATH "${HPC_TORCH_LIBDIR}"
   INSTALL_RPATH "${HPC_TORCH_LIBDIR}")

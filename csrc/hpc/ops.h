@@ -1,9 +1,10 @@
-// Torch-facing entry points of _hpc_C. Each adapter converts tensors into the
-// kernel's plain params struct; inputs were validated by vllm/_hpc_ops.py, so
-// the adapters only TORCH_CHECK the invariants the kernels rely on.
+// Torch-facing entry points of _hpc_C, on torch's stable C ABI. Each adapter
+// converts tensors into the kernel's plain params struct; inputs were
+// validated by vllm/_hpc_ops.py, so the adapters only STD_TORCH_CHECK the
+// invariants the kernels rely on.
 #pragma once
 
-#include <ATen/Tensor.h>
+#include <torch/csrc/stable/tensor.h>
 
 #include <optional>
 #include <string>
@@ -11,35 +12,35 @@
 
 namespace hpc {
 
-void rope_norm_store_kv(const at::Tensor& qkv, const at::Tensor& positions,
-                        const at::Tensor& slot_mapping,
-                        const at::Tensor& cos_sin_cache, at::Tensor& key_cache,
-                        at::Tensor& value_cache, at::Tensor& q_out,
-                        const std::optional<at::Tensor>& q_scale,
-                        const std::optional<at::Tensor>& q_norm_weight,
-                        const std::optional<at::Tensor>& k_norm_weight,
-                        const std::optional<at::Tensor>& k_scale,
-                        const std::optional<at::Tensor>& v_scale, double eps,
+using torch::stable::Tensor;
+
+void rope_norm_store_kv(const Tensor& qkv, const Tensor& positions,
+                        const Tensor& slot_mapping, const Tensor& cos_sin_cache,
+                        Tensor& key_cache, Tensor& value_cache, Tensor& q_out,
+                        const std::optional<Tensor>& q_scale,
+                        const std::optional<Tensor>& q_norm_weight,
+                        const std::optional<Tensor>& k_norm_weight,
+                        const std::optional<Tensor>& k_scale,
+                        const std::optional<Tensor>& v_scale, double eps,
                         int64_t norm_policy, bool is_neox);
 
 // Split-KV decode plan into `plan` (int32, decode::PlanLayout): the host
 // planner for CPU lengths, the GPU planner for CUDA lengths.
-void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
-                 int64_t num_kv_heads, int64_t query_tokens, int64_t window,
-                 int64_t num_ctas, int64_t max_units, int64_t min_split_tiles,
-                 int64_t mode, int64_t split_tiles);
+void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
+                 int64_t query_tokens, int64_t window, int64_t num_ctas,
+                 int64_t max_units, int64_t min_split_tiles, int64_t mode,
+                 int64_t split_tiles);
 
 // Split-KV paged decode attention following a plan written by plan_decode
 // (pieces of a split sequence are merged by the CTA that finishes last).
-void decode_attention(const at::Tensor& q, const at::Tensor& key_cache,
-                      const at::Tensor& value_cache,
-                      const at::Tensor& block_table, const at::Tensor& kv_lens,
-                      const at::Tensor& plan, at::Tensor& out,
-                      at::Tensor& partial_out, at::Tensor& partial_lse,
-                      at::Tensor& piece_counters,
-                      const std::optional<at::Tensor>& q_scale,
-                      const std::optional<at::Tensor>& k_scale,
-                      const std::optional<at::Tensor>& v_scale, double scale,
+void decode_attention(const Tensor& q, const Tensor& key_cache,
+                      const Tensor& value_cache, const Tensor& block_table,
+                      const Tensor& kv_lens, const Tensor& plan, Tensor& out,
+                      Tensor& partial_out, Tensor& partial_lse,
+                      Tensor& piece_counters,
+                      const std::optional<Tensor>& q_scale,
+                      const std::optional<Tensor>& k_scale,
+                      const std::optional<Tensor>& v_scale, double scale,
                       double softcap, int64_t window, int64_t query_tokens,
                       int64_t max_units, int64_t num_ctas);
 
@@ -69,8 +70,8 @@ int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
 // Paged prefill tile plan into `plan` (int32, prefill::PlanLayout for
 // max_batch / max_tiles): the host planner for CPU lengths, the GPU planner
 // for CUDA lengths.
-void plan_prefill(const at::Tensor& query_start_loc, const at::Tensor& seq_lens,
-                  at::Tensor& plan, int64_t num_q_heads, int64_t num_kv_heads,
+void plan_prefill(const Tensor& query_start_loc, const Tensor& seq_lens,
+                  Tensor& plan, int64_t num_q_heads, int64_t num_kv_heads,
                   int64_t max_batch, int64_t max_tiles);
 
 // [max_tiles, request_first_item, tiles, plan size] of a prefill plan for up
@@ -87,30 +88,28 @@ std::vector<std::string> prefill_plan_header_fields();
 
 // Paged prefill / chunked-prefill attention over a varlen batch, following
 // a plan written by plan_prefill for the same lengths.
-void prefill_attention(const at::Tensor& q, const at::Tensor& key_cache,
-                       const at::Tensor& value_cache,
-                       const at::Tensor& block_table,
-                       const at::Tensor& query_start_loc,
-                       const at::Tensor& seq_lens, const at::Tensor& plan,
-                       at::Tensor& out,
-                       const std::optional<at::Tensor>& q_scale,
-                       const std::optional<at::Tensor>& k_scale,
-                       const std::optional<at::Tensor>& v_scale, double scale,
+void prefill_attention(const Tensor& q, const Tensor& key_cache,
+                       const Tensor& value_cache, const Tensor& block_table,
+                       const Tensor& query_start_loc, const Tensor& seq_lens,
+                       const Tensor& plan, Tensor& out,
+                       const std::optional<Tensor>& q_scale,
+                       const std::optional<Tensor>& k_scale,
+                       const std::optional<Tensor>& v_scale, double scale,
                        double softcap, int64_t window);
 
 // Fused FP8 MoE (route, gate-up GEMM + SiLU-and-mul + quant, down GEMM,
 // top-k reduce) into `out`, using `workspace` (moe_workspace_bytes).
-void fused_moe_fp8(const at::Tensor& hidden_states,
-                   const std::optional<at::Tensor>& a1_scale,
-                   const at::Tensor& w13, const at::Tensor& w13_scale,
-                   const at::Tensor& w2, const at::Tensor& w2_scale,
-                   const std::optional<at::Tensor>& a2_scale,
-                   const at::Tensor& topk_weights, const at::Tensor& topk_ids,
-                   const std::optional<at::Tensor>& expert_map,
-                   const std::optional<at::Tensor>& shared_output,
-                   at::Tensor& out, at::Tensor& workspace,
-                   int64_t expert_offset, int64_t global_num_experts,
-                   bool block_wise, bool apply_router_weight_on_input);
+void fused_moe_fp8(const Tensor& hidden_states,
+                   const std::optional<Tensor>& a1_scale, const Tensor& w13,
+                   const Tensor& w13_scale, const Tensor& w2,
+                   const Tensor& w2_scale,
+                   const std::optional<Tensor>& a2_scale,
+                   const Tensor& topk_weights, const Tensor& topk_ids,
+                   const std::optional<Tensor>& expert_map,
+                   const std::optional<Tensor>& shared_output, Tensor& out,
+                   Tensor& workspace, int64_t expert_offset,
+                   int64_t global_num_experts, bool block_wise,
+                   bool apply_router_weight_on_input);
 
 // The MoE pipeline's tiling for a call (moe/moe_tiling.h): token_tile,
 // max_tiles, gate_up_blocks, gate_up_split, down_blocks, down_group, decode,

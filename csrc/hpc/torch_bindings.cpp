@@ -1,14 +1,15 @@
-// Operator schemas of the _hpc_C library. Mutated arguments are marked
-// `Tensor(x!)` so functionalization and torch.compile know what each op
-// writes. The Python module stub exists only so the shared object can be
-// imported as a limited-API extension; the ops are reached through
-// torch.ops._hpc_C.
+// Operator schemas of the _hpc_C library, registered through torch's stable C
+// ABI so that one build loads on every torch from the targeted version on.
+// Mutated arguments are marked `Tensor(x!)` so functionalization and
+// torch.compile know what each op writes. The Python module stub exists only
+// so the shared object can be imported as a limited-API extension; the ops
+// are reached through torch.ops._hpc_C.
 #include <Python.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
 
 #include "ops.h"
 
-TORCH_LIBRARY(_hpc_C, m) {
+STABLE_TORCH_LIBRARY(_hpc_C, m) {
   m.def(
       "rope_norm_store_kv(Tensor qkv, Tensor positions, Tensor slot_mapping, "
       "Tensor cos_sin_cache, Tensor(a!) key_cache, Tensor(b!) value_cache, "
@@ -26,26 +27,20 @@ TORCH_LIBRARY(_hpc_C, m) {
       "Tensor(d!) piece_counters, Tensor? q_scale, "
       "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
-  m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]",
-        &hpc::decode_plan_layout);
-  m.def("decode_plan_header_fields() -> str[]",
-        &hpc::decode_plan_header_fields);
-  m.def("decode_plan_item_fields() -> str[]", &hpc::decode_plan_item_fields);
+  m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]");
+  m.def("decode_plan_header_fields() -> str[]");
+  m.def("decode_plan_item_fields() -> str[]");
   m.def(
       "decode_workspace_sizes(int mode, int max_batch, int num_kv_heads, "
-      "int max_kv_tokens, int ctas_offered, int split_tiles) -> int[]",
-      &hpc::decode_workspace_sizes);
-  m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int",
-        &hpc::decode_ctas_per_sm);
+      "int max_kv_tokens, int ctas_offered, int split_tiles) -> int[]");
+  m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int");
   m.def(
       "plan_prefill(Tensor query_start_loc, Tensor seq_lens, Tensor(a!) plan, "
       "int num_q_heads, int num_kv_heads, int max_batch, int max_tiles) -> ()");
   m.def(
       "prefill_plan_layout(int max_tokens, int max_batch, int num_q_heads, "
-      "int num_kv_heads) -> int[]",
-      &hpc::prefill_plan_layout);
-  m.def("prefill_plan_header_fields() -> str[]",
-        &hpc::prefill_plan_header_fields);
+      "int num_kv_heads) -> int[]");
+  m.def("prefill_plan_header_fields() -> str[]");
   m.def(
       "prefill_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
       "Tensor block_table, Tensor query_start_loc, Tensor seq_lens, "
@@ -61,30 +56,45 @@ TORCH_LIBRARY(_hpc_C, m) {
   m.def(
       "moe_tiling(int num_tokens, int topk, int num_local_experts, "
       "int num_experts, int hidden_size, int intermediate_size, int num_sms, "
-      "bool block_wise=False) -> int[]",
-      &hpc::moe_tiling);
-  m.def("moe_tiling_fields() -> str[]", &hpc::moe_tiling_fields);
+      "bool block_wise=False) -> int[]");
+  m.def("moe_tiling_fields() -> str[]");
   m.def(
       "moe_workspace_bytes(int max_tokens, int topk, int num_local_experts, "
-      "int hidden_size, int intermediate_size) -> int",
-      &hpc::moe_workspace_bytes);
+      "int hidden_size, int intermediate_size) -> int");
 }
 
-TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
-  m.impl("rope_norm_store_kv", &hpc::rope_norm_store_kv);
-  m.impl("plan_decode", &hpc::plan_decode);
-  m.impl("decode_attention", &hpc::decode_attention);
-  m.impl("plan_prefill", &hpc::plan_prefill);
-  m.impl("prefill_attention", &hpc::prefill_attention);
-  m.impl("fused_moe_fp8", &hpc::fused_moe_fp8);
+STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
+  m.impl("rope_norm_store_kv", TORCH_BOX(&hpc::rope_norm_store_kv));
+  m.impl("plan_decode", TORCH_BOX(&hpc::plan_decode));
+  m.impl("decode_attention", TORCH_BOX(&hpc::decode_attention));
+  m.impl("plan_prefill", TORCH_BOX(&hpc::plan_prefill));
+  m.impl("prefill_attention", TORCH_BOX(&hpc::prefill_attention));
+  m.impl("fused_moe_fp8", TORCH_BOX(&hpc::fused_moe_fp8));
 }
 
-TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) {
-  m.impl("plan_decode", &hpc::plan_decode);
-  m.impl("plan_prefill", &hpc::plan_prefill);
+STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) {
+  m.impl("plan_decode", TORCH_BOX(&hpc::plan_decode));
+  m.impl("plan_prefill", TORCH_BOX(&hpc::plan_prefill));
 }
 
-extern "C" PyObject* PyInit__hpc_C(void) {
+// The ops without tensor arguments have no device to dispatch on;
+// CompositeExplicitAutograd serves them for every backend.
+STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CompositeExplicitAutograd, m) {
+  m.impl("decode_plan_layout", TORCH_BOX(&hpc::decode_plan_layout));
+  m.impl("decode_plan_header_fields",
+         TORCH_BOX(&hpc::decode_plan_header_fields));
+  m.impl("decode_plan_item_fields", TORCH_BOX(&hpc::decode_plan_item_fields));
+  m.impl("decode_workspace_sizes", TORCH_BOX(&hpc::decode_workspace_sizes));
+  m.impl("decode_ctas_per_sm", TORCH_BOX(&hpc::decode_ctas_per_sm));
+  m.impl("prefill_plan_layout", TORCH_BOX(&hpc::prefill_plan_layout));
+  m.impl("prefill_plan_header_fields",
+         TORCH_BOX(&hpc::prefill_plan_header_fields));
+  m.impl("moe_tiling", TORCH_BOX(&hpc::moe_tiling));
+  m.impl("moe_tiling_fields", TORCH_BOX(&hpc::moe_tiling_fields));
+  m.impl("moe_workspace_bytes", TORCH_BOX(&hpc::moe_workspace_bytes));
+}
+
+PyMODINIT_FUNC PyInit__hpc_C(void) {
   static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hpc_C", nullptr, 0,
                                nullptr};
   return PyModule_Create(&module);

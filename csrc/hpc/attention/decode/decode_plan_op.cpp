@@ -1,15 +1,11 @@
-// at::Tensor adapter of the split-KV decode planner: the host
+// Stable-ABI adapter of the split-KV decode planner: the host
 // implementation for CPU lengths, the GPU planner for CUDA lengths.
-#include <ATen/Tensor.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <c10/util/Exception.h>
-
 #include <string>
 #include <vector>
 
 #include "attention/decode/decode_plan.h"
 #include "common/field_names.h"
+#include "common/stable_tensor.h"
 #include "ops.h"
 
 namespace hpc {
@@ -45,17 +41,24 @@ static_assert(names_every_field(kItemNames, decode::kItemWords),
 
 }  // namespace
 
-void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
-                 int64_t num_kv_heads, int64_t query_tokens, int64_t window,
-                 int64_t num_ctas, int64_t max_units, int64_t min_split_tiles,
-                 int64_t mode, int64_t split_tiles) {
-  TORCH_CHECK(kv_lens.device() == plan.device());
-  TORCH_CHECK(kv_lens.scalar_type() == at::kInt && kv_lens.is_contiguous());
-  TORCH_CHECK(plan.scalar_type() == at::kInt && plan.is_contiguous());
-  TORCH_CHECK(mode >= 0 && mode <= 2);
+void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
+                 int64_t query_tokens, int64_t window, int64_t num_ctas,
+                 int64_t max_units, int64_t min_split_tiles, int64_t mode,
+                 int64_t split_tiles) {
+  STD_TORCH_CHECK(kv_lens.device() == plan.device(),
+                  "plan_decode: kv_lens and plan must be on one device");
+  STD_TORCH_CHECK(
+      kv_lens.scalar_type() == Dtype::Int && kv_lens.is_contiguous(),
+      "plan_decode: kv_lens must be contiguous int32");
+  STD_TORCH_CHECK(plan.scalar_type() == Dtype::Int && plan.is_contiguous(),
+                  "plan_decode: plan must be contiguous int32");
+  STD_TORCH_CHECK(mode >= 0 && mode <= 2,
+                  "plan_decode: mode must be 0, 1 or 2");
   const decode::PlanLayout layout{static_cast<int>(max_units),
                                   static_cast<int>(num_ctas)};
-  TORCH_CHECK(plan.numel() >= layout.size());
+  STD_TORCH_CHECK(plan.numel() >= layout.size(),
+                  "plan_decode: plan is smaller than its layout for max_units "
+                  "and num_ctas");
   decode::PlanArgs args{};
   args.batch = static_cast<int>(kv_lens.numel());
   args.num_kv_heads = static_cast<int>(num_kv_heads);
@@ -65,21 +68,24 @@ void plan_decode(const at::Tensor& kv_lens, at::Tensor& plan,
   args.min_split_tiles = static_cast<int>(min_split_tiles);
   args.mode = static_cast<decode::SplitMode>(mode);
   args.split_tiles = static_cast<int>(split_tiles);
-  TORCH_CHECK(args.batch * args.num_kv_heads <= layout.max_units);
+  STD_TORCH_CHECK(args.batch * args.num_kv_heads <= layout.max_units,
+                  "plan_decode: batch x num_kv_heads exceeds max_units");
   if (kv_lens.is_cpu()) {
-    decode::plan_decode_host(kv_lens.data_ptr<int32_t>(), args, layout,
-                             plan.data_ptr<int32_t>());
+    decode::plan_decode_host(kv_lens.const_data_ptr<int32_t>(), args, layout,
+                             plan.mutable_data_ptr<int32_t>());
     return;
   }
-  TORCH_CHECK(kv_lens.is_cuda());
-  const at::cuda::CUDAGuard device_guard(kv_lens.device());
-  decode::plan_decode_device(kv_lens.data_ptr<int32_t>(), args, layout,
-                             plan.data_ptr<int32_t>(),
-                             at::cuda::getCurrentCUDAStream());
+  STD_TORCH_CHECK(kv_lens.is_cuda(),
+                  "plan_decode: kv_lens must be a CPU or CUDA tensor");
+  const DeviceGuard device_guard(kv_lens.get_device_index());
+  decode::plan_decode_device(kv_lens.const_data_ptr<int32_t>(), args, layout,
+                             plan.mutable_data_ptr<int32_t>(),
+                             current_stream(kv_lens));
 }
 
 std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas) {
-  TORCH_CHECK(max_units >= 0 && max_ctas >= 0);
+  STD_TORCH_CHECK(max_units >= 0 && max_ctas >= 0,
+                  "decode_plan_layout: max_units and max_ctas must be >= 0");
   const decode::PlanLayout layout{static_cast<int>(max_units),
                                   static_cast<int>(max_ctas)};
   return {decode::kHeaderSize,        layout.unit_granule_offset(),
@@ -93,11 +99,16 @@ std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
                                             int64_t max_kv_tokens,
                                             int64_t ctas_offered,
                                             int64_t split_tiles) {
-  TORCH_CHECK(mode >= 0 && mode <= 2);
-  TORCH_CHECK(max_batch > 0 && num_kv_heads > 0 && max_kv_tokens > 0 &&
-              ctas_offered > 0);
-  TORCH_CHECK(split_tiles > 0 || static_cast<decode::SplitMode>(mode) !=
-                                     decode::SplitMode::kBatchInvariant);
+  STD_TORCH_CHECK(mode >= 0 && mode <= 2,
+                  "decode_workspace_sizes: mode must be 0, 1 or 2");
+  STD_TORCH_CHECK(max_batch > 0 && num_kv_heads > 0 && max_kv_tokens > 0 &&
+                      ctas_offered > 0,
+                  "decode_workspace_sizes: max_batch, num_kv_heads, "
+                  "max_kv_tokens and ctas_offered must be positive");
+  STD_TORCH_CHECK(split_tiles > 0 || static_cast<decode::SplitMode>(mode) !=
+                                         decode::SplitMode::kBatchInvariant,
+                  "decode_workspace_sizes: the batch-invariant mode needs "
+                  "split_tiles > 0");
   const decode::WorkspaceSizes sizes = decode::workspace_sizes(
       static_cast<decode::SplitMode>(mode), max_batch, num_kv_heads,
       max_kv_tokens, ctas_offered, split_tiles);
