@@ -1,5 +1,6 @@
 # Entry points (see README.md):
-#   make test      fresh machine: venv, pinned install, build, apply, test suite
+#   make test      fresh machine: venv, pinned install, build, stable-ABI
+#                  audit, apply, test suite
 #   make bench     fresh machine with a Hopper GPU: same set-up, then benchmarks
 #   make gpu-test  machine that already has torch + CUDA (no package index):
 #                  build in place, GPU tests and benchmarks, installs nothing
@@ -10,14 +11,14 @@ JOBS ?= $(shell nproc)
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: test bench gpu-test venv build build-venv apply check lint clean
+.PHONY: test bench gpu-test venv build build-venv abi-check apply check lint clean
 
 now = $$(date +%s)
 
 test: venv
 	@t0=$(now); $(MAKE) --no-print-directory build-venv; \
 	  echo "[time] build: $$(( $(now) - t0 )) s"
-	@$(MAKE) --no-print-directory apply check
+	@$(MAKE) --no-print-directory abi-check apply check
 	@t0=$(now); $(VPY) -m pytest tests -q $(PYTEST_ARGS); rc=$$?; \
 	  echo "[time] tests: $$(( $(now) - t0 )) s"; exit $$rc
 
@@ -47,6 +48,11 @@ build-venv:
 build:
 	cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DHPC_PYTHON=$(PYTHON)
 	cmake --build build -j $(JOBS)
+
+# Fails unless vllm/_hpc_C.abi3.so uses torch's stable C ABI only, by the rule
+# of vLLM's CI (torch-abi-audit, from requirements/test.txt).
+abi-check:
+	$(VPY) tools/check_torch_abi.py
 
 apply:
 	$(VPY) tools/apply_patchset.py
