@@ -19,7 +19,7 @@ test: venv
 	@t0=$(now); $(MAKE) --no-print-directory build-venv; \
 	  echo "[time] build: $$(( $(now) - t0 )) s"
 	@$(MAKE) --no-print-directory abi-check apply check
-	@t0=$(now); $(VPY) -m pytest tests -q $(PYTEST_ARGS); rc=$$?; \
+	@t0=$(now); $(VPY) -m pytest tests tools/tests -q $(PYTEST_ARGS); rc=$$?; \
 	  echo "[time] tests: $$(( $(now) - t0 )) s"; exit $$rc
 
 bench:
@@ -62,7 +62,7 @@ check:
 
 gpu-test:
 	$(MAKE) --no-print-directory build
-	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest tests/kernels -q -m gpu $(PYTEST_ARGS)
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m pytest tests/kernels/hpc -q -m gpu $(PYTEST_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_hpc_decode.py $(BENCH_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_hpc_prefill.py $(BENCH_ARGS)
 	PYTHONPATH=$(CURDIR) $(PYTHON) benchmarks/kernels/benchmark_rope_norm.py $(BENCH_ARGS)

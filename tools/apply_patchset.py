@@ -17,8 +17,9 @@ instead, as a pull request would carry it: the ``vllm/`` files, the kernels
 (``cmake/hpc_extension.cmake``, generated from
 ``cmake/hpc_extension.vllm.cmake.in`` with the kernel sources listed),
 its wiring into CMakeLists.txt and setup.py, the attention registry's
-description of the backend, the tests at vLLM's test paths
-(``TEST_DESTINATIONS``), the kernel benchmarks and the end-to-end benchmark.
+description of the backend, the tests (``tests/``, at the same paths), the
+kernel benchmarks and the end-to-end benchmark. Outside ``vllm/`` the change
+only adds files: it refuses to overwrite one the checkout has.
 
     python tools/apply_patchset.py                       # apply (links)
     python tools/apply_patchset.py --check               # exit 0 when all good
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
-import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -145,20 +145,6 @@ CMAKE_FRAGMENT = "cmake/hpc_extension.cmake"
 SOURCES_PLACEHOLDER = "@HPC_SOURCES@"
 KERNEL_SUFFIXES = (".cu", ".cpp")
 
-# Where this tree's tests go in a vLLM checkout: (directory in this tree,
-# pattern for the path below it, directory in vLLM); the first match wins.
-# A test no rule matches (the tests of this tool) is not part of the PR. The
-# kernel tests' helpers are imported by module name from their directory, so
-# the GPU tests that compare with their references go beside them.
-TEST_DESTINATIONS: tuple[tuple[str, str, str], ...] = (
-    ("tests", "conftest.py", "tests/kernels/hpc"),
-    ("tests/kernels", "*", "tests/kernels/hpc"),
-    ("tests/vllm_integration", "*_gpu.py", "tests/kernels/hpc"),
-    ("tests/vllm_integration", "*moe*", "tests/kernels/moe"),
-    ("tests/vllm_integration", "*rope_norm*", "tests/model_executor/layers"),
-    ("tests/vllm_integration", "*", "tests/v1/attention"),
-    ("tests/tools", "test_benchmark_*", "tests/benchmarks"),
-)
 BENCHMARKS = "benchmarks/kernels"
 # Benchmark scripts outside it that the PR carries to the same path.
 BENCHMARK_SCRIPTS = ("benchmarks/benchmark_e2e.py",)
@@ -223,6 +209,8 @@ class Layout:
     files: dict[str, Path]  # destination -> patch-set file
     edits: dict[str, Edit] = field(default_factory=dict)
     source: bool = False
+    # Files the patch set adds and must not find upstream (outside vllm/).
+    new_only: frozenset[str] = frozenset()
 
     def repo_path(self, rel: str) -> str:
         return self.label + rel
@@ -286,17 +274,6 @@ def package_edits(prefix: str) -> dict[str, Edit]:
     }
 
 
-def vllm_test_path(rel: str) -> str | None:
-    """Where the tree's test file ``rel`` goes in vLLM, or None: nowhere."""
-    for base, pattern, dest in TEST_DESTINATIONS:
-        prefix = f"{base}/"
-        if rel.startswith(prefix):
-            below = rel[len(prefix) :]
-            if fnmatch.fnmatchcase(below, pattern):
-                return f"{dest}/{below}"
-    return None
-
-
 def source_files(tree: Path) -> dict[str, Path]:
     """The tree's files by their path in a vLLM checkout."""
     files = {
@@ -309,15 +286,9 @@ def source_files(tree: Path) -> dict[str, Path]:
     if not kernels or not (tree / CMAKE_TEMPLATE).is_file():
         raise PatchSetError(f"{tree} lacks csrc/hpc/ or {CMAKE_TEMPLATE}")
     files.update({f"csrc/hpc/{rel}": path for rel, path in kernels.items()})
-    for rel, path in tree_files(tree / "tests").items():
-        dest = vllm_test_path(f"tests/{rel}")
-        if dest is None:
-            continue
-        if dest in files:
-            raise PatchSetError(
-                f"tests/{rel} and {files[dest].relative_to(tree)} both map to {dest}"
-            )
-        files[dest] = path
+    files.update(
+        {f"tests/{rel}": path for rel, path in tree_files(tree / "tests").items()}
+    )
     for rel, path in tree_files(tree / BENCHMARKS).items():
         files[f"{BENCHMARKS}/{rel}"] = path
     for rel in BENCHMARK_SCRIPTS:
@@ -363,7 +334,8 @@ def source_layout(src: Path, tree: Path) -> Layout:
         REGISTRY: Edit(_upstream(describe_backend, REGISTRY), REGISTRY_SIGN),
         **package_edits("vllm/"),
     }
-    return Layout(src, src / "vllm", "", files, edits, source=True)
+    new_only = frozenset(rel for rel in files if not rel.startswith("vllm/"))
+    return Layout(src, src / "vllm", "", files, edits, True, new_only)
 
 
 def _upstream(edit: Callable[[str], str], rel: str) -> Callable[[str | None], str]:
@@ -701,6 +673,28 @@ def _original_text(
 # --- actions --------------------------------------------------------------
 
 
+def refuse_replacing(layout: Layout, entries: dict[str, dict[str, str]]) -> None:
+    """Refuses when a file the patch set only adds is one upstream has.
+
+    Outside vllm/ the change adds tests, kernels and benchmarks beside
+    vLLM's; replacing one of vLLM's files there would drop upstream's.
+    """
+    taken = sorted(
+        layout.repo_path(rel)
+        for rel in layout.new_only
+        if (
+            entries[rel]["kind"] != "new"
+            if rel in entries
+            else _exists(layout.root / rel)
+        )
+    )
+    if taken:
+        raise PatchSetError(
+            f"vLLM already has {', '.join(taken)}; the patch set only adds "
+            "files outside vllm/, refusing to replace them"
+        )
+
+
 def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
     version = require_version(layout)
     root = layout.root
@@ -708,6 +702,7 @@ def apply(layout: Layout, mode: str, verbose: bool = False) -> None:
     manifest.setdefault("dirs", [])
     entries: dict[str, dict[str, str]] = manifest["files"]
     # Everything that can fail is worked out before anything changes.
+    refuse_replacing(layout, entries)
     for rel in layout.files:
         if rel not in entries and (root / rel).is_symlink():
             raise PatchSetError(f"{root / rel} is a link with no backup record")
@@ -882,6 +877,7 @@ def diff(layout: Layout) -> str:
     require_version(layout)
     manifest = load_manifest(layout.root)
     entries = manifest["files"] if manifest else {}
+    refuse_replacing(layout, entries)
     chunks: dict[str, str] = {}
     for rel, src in layout.files.items():
         new = _text(src)

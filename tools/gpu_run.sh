@@ -23,10 +23,10 @@
 #                            cutlass_library imports
 #   --vllm-bundle DIR        VLLM_BUNDLE: the bundle directory
 #   --tests "FILES"          GPU_TESTS: test files or directories
-#                            (default: tests/kernels)
+#                            (default: tests/kernels/hpc)
 #   --pytest-args "ARGS"     PYTEST_ARGS
 #   --sanitizer-script "FILES"  SANITIZER_SCRIPT: runner scripts
-#                            (default: tests/kernels/sanitizer_prefill.py)
+#                            (default: tests/kernels/hpc/sanitizer_prefill.py)
 #   --sanitizer-cases "NAMES"  SANITIZER_CASES: case names passed to each
 #                            script (default: none, i.e. all its cases)
 #   --sanitizer-tools "LIST" SANITIZER_TOOLS (default: memcheck racecheck;
@@ -55,9 +55,9 @@ cd "$ROOT" || exit 1
 PY=${PYTHON:-python3}
 CUTLASS_WHEEL=${CUTLASS_WHEEL:-}
 VLLM_BUNDLE=${VLLM_BUNDLE:-}
-GPU_TESTS=${GPU_TESTS:-tests/kernels}
+GPU_TESTS=${GPU_TESTS:-tests/kernels/hpc}
 PYTEST_ARGS=${PYTEST_ARGS:-}
-SANITIZER_SCRIPT=${SANITIZER_SCRIPT:-tests/kernels/sanitizer_prefill.py}
+SANITIZER_SCRIPT=${SANITIZER_SCRIPT:-tests/kernels/hpc/sanitizer_prefill.py}
 SANITIZER_CASES=${SANITIZER_CASES:-}
 SANITIZER_TOOLS=${SANITIZER_TOOLS:-memcheck racecheck}
 BENCH_SCRIPTS=${BENCH_SCRIPTS:-benchmarks/kernels/benchmark_hpc_prefill.py}

@@ -3,11 +3,12 @@
 """Small ``rope_norm_store_kv`` runs for compute-sanitizer: memcheck and
 racecheck.
 
-Run from the repository root (case names as arguments run only those), for
-example::
+Run from the repository root, with it on ``PYTHONPATH`` (case names as
+arguments run only those), for example::
 
+    export PYTHONPATH=$PWD  # the helpers are imported as tests.kernels.hpc.*
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python tests/kernels/sanitizer_rope_norm.py
+        --error-exitcode 1 python tests/kernels/hpc/sanitizer_rope_norm.py
 
 and the same under racecheck (``sanitizer_runner.py`` has the command lines
 and the exit status). Each case is checked against the float32 reference
@@ -19,9 +20,10 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-import sanitizer_runner
 import torch
-from rope_norm_reference import (
+
+from tests.kernels.hpc import sanitizer_runner
+from tests.kernels.hpc.rope_norm_reference import (
     FP8_DTYPE,
     NORM_NONE,
     NORM_NORM_THEN_ROPE,
@@ -30,7 +32,7 @@ from rope_norm_reference import (
     check_outputs,
     make_prologue_inputs,
 )
-from sanitizer_runner import Case, Check
+from tests.kernels.hpc.sanitizer_runner import Case, Check
 
 # Small, but each exercises a different path: both layouts, both RoPE
 # styles, partial rotary, every norm policy, FP8 cache and Q, padding,

@@ -6,7 +6,7 @@
   every rejected input raises ``ValueError`` naming the argument. Inputs live
   on the meta device; validation runs before the library is needed. The
   workspace is a stand-in with the fields the op reads (``MoeWorkspace``
-  belongs to the vLLM layer; its tests are in tests/vllm_integration).
+  belongs to the vLLM layer; its tests are in tests/kernels/moe/).
 * Valid calls on meta tensors reach the op's fake implementation, which
   also runs under ``FakeTensorMode`` and ``make_fx`` (these need the library
   built with the MoE op, not a GPU, and skip otherwise).
@@ -21,12 +21,13 @@ import contextlib
 import dataclasses
 import math
 import struct
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from moe_reference import (
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from tests.kernels.hpc.moe_reference import (
     A2_SCALE,
     BLOCK,
     FP8_DTYPE,
@@ -41,11 +42,9 @@ from moe_reference import (
     make_routing,
     moe_workspace,
 )
-from rope_norm_reference import import_hpc_ops
-from torch._subclasses.fake_tensor import FakeTensorMode
+from tests.kernels.hpc.utils import import_hpc_ops
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-hpc_ops = import_hpc_ops(REPO_ROOT)
+hpc_ops = import_hpc_ops()
 
 
 needs_op = pytest.mark.skipif(

@@ -41,8 +41,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from decode_reference import bitwise_equal
-from moe_reference import (
+
+from tests.kernels.hpc.moe_reference import (
     EP_MODES,
     FP8_DTYPE,
     QUANT_MODES,
@@ -52,7 +52,7 @@ from moe_reference import (
     make_moe_weights,
     moe_workspace,
 )
-
+from tests.kernels.hpc.utils import bitwise_equal
 from vllm._hpc_ops import fused_moe_fp8, moe_tiling
 
 pytestmark = pytest.mark.gpu

@@ -33,23 +33,23 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed")
 
 import torch  # noqa: E402
-from decode_reference import (  # noqa: E402
-    FP8_DTYPE,
+
+from tests.kernels.hpc.decode_reference import (  # noqa: E402
     poison_cache_,
     quantize_fp8,
-    raw_view,
 )
-from prefill_reference import (  # noqa: E402
+from tests.kernels.hpc.prefill_reference import (  # noqa: E402
     check_prefill,
     on_fp8_grid,
     reference_prefill,
 )
-from rope_norm_reference import (  # noqa: E402
+from tests.kernels.hpc.rope_norm_reference import (  # noqa: E402
     assert_close,
     make_cos_sin_cache,
     read_slots,
     reference_prologue,
 )
+from tests.kernels.hpc.utils import FP8_DTYPE, raw_view  # noqa: E402
 
 hpc_attn = pytest.importorskip(
     "vllm.v1.attention.backends.hpc_attn", reason="vLLM has no hpc_attn module"

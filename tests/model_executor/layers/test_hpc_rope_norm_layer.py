@@ -28,7 +28,7 @@ rope_norm = pytest.importorskip(
     reason="vLLM has no HPC rope_norm module",
 )
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
+_REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _patch_set_applied() -> bool:

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 import regex as re
 import torch
-from rope_norm_reference import (
+
+from tests.kernels.hpc.rope_norm_reference import (
     FP8_DTYPE,
     FP8_MAX,
     NORM_NONE,
@@ -30,7 +31,6 @@ from rope_norm_reference import (
     KvLayout,
     apply_rope,
     dequantize_fp8,
-    error_stats,
     expected_cache,
     is_poison,
     kv_views,
@@ -43,7 +43,7 @@ from rope_norm_reference import (
     rms_norm,
     written_mask,
 )
-
+from tests.kernels.hpc.utils import error_stats
 from vllm._hpc_ops import (
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,

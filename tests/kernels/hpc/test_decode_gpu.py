@@ -22,8 +22,8 @@ Every test runs on both decode kernels while they stand side by side
 (``HPC_DECODE_KERNEL``: the mma.sync kernel, and ``wgmma`` for the swap-AB
 kernel).
 
-Imports only torch, the references, ``attention_cases``, ``vllm._hpc_ops``
-and the attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
+Imports only torch, the references, ``utils``, ``vllm._hpc_ops`` and the
+attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
 """
 
 from __future__ import annotations
@@ -34,15 +34,26 @@ import random
 
 import pytest
 import torch
-from attention_cases import (
+
+from tests.kernels.hpc.decode_reference import (
+    DecodeInputs,
+    decode_plan_of,
+    make_decode_inputs,
+    plan_decode_host,
+    read_decode_plan,
+)
+from tests.kernels.hpc.utils import (
     BF16,
     BLOCK_SIZES,
     DTYPE_NAMES,
+    FP8_DTYPE,
     FP16,
     HEAD_SIZES,
     HEADS,
     LAYOUTS,
     RATIOS,
+    CacheLayout,
+    bitwise_equal,
     build_kwargs,
     capture_graph,
     head_grid_cases,
@@ -51,17 +62,6 @@ from attention_cases import (
     print_check,
     run_and_check,
 )
-from decode_reference import (
-    FP8_DTYPE,
-    CacheLayout,
-    DecodeInputs,
-    bitwise_equal,
-    decode_plan_of,
-    make_decode_inputs,
-    plan_decode_host,
-    read_decode_plan,
-)
-
 from vllm._hpc_ops import SplitMode, decode_attention, decode_plan_size
 from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace
 

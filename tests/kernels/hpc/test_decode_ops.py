@@ -7,17 +7,19 @@ Inputs live on the meta device, so no GPU is needed."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
-from attention_cases import cache_argument_cases
-from rope_norm_reference import import_attn_workspace, import_hpc_ops
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-hpc_ops = import_hpc_ops(REPO_ROOT)
-workspaces = import_attn_workspace(REPO_ROOT)
+from tests.kernels.hpc.utils import (
+    cache_argument_cases,
+    import_attn_workspace,
+    import_hpc_ops,
+)
+
+hpc_ops = import_hpc_ops()
+workspaces = import_attn_workspace()
 
 pytestmark = pytest.mark.skipif(
     not hpc_ops.hpc_ops_available(), reason="the _hpc_C library is not built"

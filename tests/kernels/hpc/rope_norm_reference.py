@@ -13,20 +13,18 @@ attention backend, ``(num_blocks, Hkv, block_size, 2 * D)`` with the K and V
 views ``kv.transpose(1, 2).split(D, -1)``, or the plain NHD cache
 ``(2, num_blocks, block_size, Hkv, D)``.
 
-This module imports torch only.
+This module imports torch only (and the error measures of ``utils``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib.util
 import math
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import torch
+
+from tests.kernels.hpc.utils import ErrorStats, error_stats
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -276,32 +274,6 @@ def written_mask(
 # ---------------------------------------------------------------------------
 # Error measures
 # ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class ErrorStats:
-    rel: float  # ||out - ref|| / ||ref||
-    max_abs: float
-    finite: bool
-
-    def __str__(self) -> str:
-        return f"rel={self.rel:.3e} max_abs={self.max_abs:.3e} finite={self.finite}"
-
-
-def error_stats(out: torch.Tensor, ref: torch.Tensor) -> ErrorStats:
-    """Relative Frobenius error and max abs error of ``out`` against ``ref``."""
-    out = out.double()
-    ref = ref.double()
-    finite = bool(torch.isfinite(out).all())
-    if out.numel() == 0:
-        return ErrorStats(rel=0.0, max_abs=0.0, finite=True)
-    diff = out - ref
-    denom = torch.linalg.vector_norm(ref).item()
-    num = torch.linalg.vector_norm(diff).item()
-    rel = num / denom if denom > 0 else num
-    if not finite:
-        rel = math.inf
-    return ErrorStats(rel=rel, max_abs=diff.abs().max().item(), finite=finite)
 
 
 def max_row_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -682,62 +654,3 @@ def check_outputs(
         )
         stats["v"] = error_stats(v.float(), ref.v[valid])
     return stats
-
-
-# ---------------------------------------------------------------------------
-# Locating the op module and the attention workspaces
-# ---------------------------------------------------------------------------
-
-# The patch set's modules the kernel tests use; each imports torch (and the
-# op module) only.
-HPC_OPS = "vllm._hpc_ops"
-ATTN_WORKSPACE = "vllm.v1.attention.ops.hpc_attn_workspace"
-
-
-def _import_tree_module(repo_root: Path, name: str) -> ModuleType:
-    """Import the patch-set module ``name``, preferring an installed vLLM.
-
-    The sparse tree's ``vllm`` has no ``__init__.py``, so its directory goes
-    at the end of ``sys.path``: an installed vLLM still wins, and with no vLLM
-    installed the tree's ``vllm`` is a namespace package. An installed vLLM
-    that the patch set was not applied to lacks the module; the tree's file
-    is then loaded under that name.
-    """
-    if name in sys.modules:
-        return sys.modules[name]
-    root = str(repo_root)
-    if root not in sys.path:
-        sys.path.append(root)
-    if "vllm" in sys.modules:
-        locations = list(getattr(sys.modules["vllm"], "__path__", []))
-    else:
-        spec = importlib.util.find_spec("vllm")
-        locations = list(spec.submodule_search_locations or []) if spec else []
-    rel = Path(*name.split(".")[1:]).with_suffix(".py")
-    if not any(Path(p, rel).is_file() for p in locations):
-        path = repo_root / "vllm" / rel
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {name} from {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]
-            raise
-        return module
-    return importlib.import_module(name)
-
-
-def import_hpc_ops(repo_root: Path) -> ModuleType:
-    """Import ``vllm._hpc_ops``, preferring an installed vLLM (see
-    :func:`_import_tree_module`)."""
-    return _import_tree_module(repo_root, HPC_OPS)
-
-
-def import_attn_workspace(repo_root: Path) -> ModuleType:
-    """Import ``vllm.v1.attention.ops.hpc_attn_workspace`` (the decode and
-    prefill workspaces), after the op module it imports."""
-    import_hpc_ops(repo_root)
-    return _import_tree_module(repo_root, ATTN_WORKSPACE)

@@ -23,8 +23,8 @@ scales; mixed batches of short and long requests; outputs of the other
 unchecked forms write the same bits, and CUDA-graph capture of plan and
 attention replayed with new lengths in the same buffers.
 
-Imports only torch, the references, ``attention_cases``, ``vllm._hpc_ops``
-and the attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
+Imports only torch, the references, ``utils``, ``vllm._hpc_ops`` and the
+attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
 """
 
 from __future__ import annotations
@@ -36,15 +36,20 @@ import zlib
 
 import pytest
 import torch
-from attention_cases import (
+
+from tests.kernels.hpc.prefill_reference import PrefillInputs, make_prefill_inputs
+from tests.kernels.hpc.utils import (
     BF16,
     BLOCK_SIZES,
     DTYPE_NAMES,
+    FP8_DTYPE,
     FP16,
     HEAD_SIZES,
     HEADS,
     LAYOUTS,
     RATIOS,
+    CacheLayout,
+    bitwise_equal,
     build_kwargs,
     capture_graph,
     head_grid_cases,
@@ -53,9 +58,6 @@ from attention_cases import (
     print_check,
     run_and_check,
 )
-from decode_reference import FP8_DTYPE, CacheLayout, bitwise_equal
-from prefill_reference import PrefillInputs, make_prefill_inputs
-
 from vllm._hpc_ops import prefill_attention, prefill_attention_unchecked
 from vllm.v1.attention.ops.hpc_attn_workspace import PrefillWorkspace
 

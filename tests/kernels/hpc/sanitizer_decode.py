@@ -3,11 +3,12 @@
 """Small split-KV decode runs (GPU planner, decode kernel, combine) for
 compute-sanitizer: memcheck, racecheck and synccheck.
 
-Run from the repository root (case names as arguments run only those), for
-example::
+Run from the repository root, with it on ``PYTHONPATH`` (case names as
+arguments run only those), for example::
 
+    export PYTHONPATH=$PWD  # the helpers are imported as tests.kernels.hpc.*
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python tests/kernels/sanitizer_decode.py
+        --error-exitcode 1 python tests/kernels/hpc/sanitizer_decode.py
 
 and the same under the other tools (``sanitizer_runner.py`` has their
 command lines and the exit status). Unused cache blocks and the slots past
@@ -20,16 +21,12 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-import sanitizer_runner
 import torch
-from decode_reference import (
-    FP8_DTYPE,
-    CacheLayout,
-    make_decode_inputs,
-    read_decode_plan,
-)
-from rope_norm_reference import import_attn_workspace
-from sanitizer_runner import Case, Check
+
+from tests.kernels.hpc import sanitizer_runner
+from tests.kernels.hpc.decode_reference import make_decode_inputs, read_decode_plan
+from tests.kernels.hpc.sanitizer_runner import Case, Check
+from tests.kernels.hpc.utils import FP8_DTYPE, CacheLayout, import_attn_workspace
 
 # Small, but each exercises a different path. "inputs" go to
 # make_decode_inputs, "workspace" to DecodeWorkspace.create; "split" says
@@ -135,7 +132,7 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     ws_kwargs = dict(case["workspace"])  # type: ignore[call-overload]
     if "mode" in ws_kwargs:
         ws_kwargs["mode"] = hpc_ops.SplitMode[ws_kwargs["mode"]]
-    workspaces = import_attn_workspace(sanitizer_runner.REPO_ROOT)
+    workspaces = import_attn_workspace()
     ws = workspaces.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
     ws.plan(inputs.kv_lens, inputs.query_tokens)
     hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())

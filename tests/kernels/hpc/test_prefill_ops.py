@@ -21,19 +21,21 @@ import dataclasses
 import itertools
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
-from attention_cases import cache_argument_cases
-from prefill_reference import PrefillPlan, read_prefill_plan
-from rope_norm_reference import import_attn_workspace, import_hpc_ops
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-hpc_ops = import_hpc_ops(REPO_ROOT)
-workspaces = import_attn_workspace(REPO_ROOT)
+from tests.kernels.hpc.prefill_reference import PrefillPlan, read_prefill_plan
+from tests.kernels.hpc.utils import (
+    cache_argument_cases,
+    import_attn_workspace,
+    import_hpc_ops,
+)
+
+hpc_ops = import_hpc_ops()
+workspaces = import_attn_workspace()
 
 pytestmark = pytest.mark.skipif(
     not hpc_ops.hpc_ops_available(), reason="the _hpc_C library is not built"
@@ -145,7 +147,7 @@ BAD_CASES = {
         "q has dtype",
     ),
     "q-fp8-on-bf16-cache": (_with(q=_t(TOKENS, HQ, D, dtype=FP8)), "q has dtype"),
-    # FP8 queries are E4M3, as the cache (attention_cases: cache-fp8-e5m2).
+    # FP8 queries are E4M3, as the cache (utils: cache-fp8-e5m2).
     "q-fp8-e5m2-on-fp8-cache": (
         _with(FP8, q=_t(TOKENS, HQ, D, dtype=torch.float8_e5m2)),
         "q has dtype",

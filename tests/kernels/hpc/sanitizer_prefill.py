@@ -3,11 +3,12 @@
 """Small paged prefill runs (GPU planner and prefill kernel) for
 compute-sanitizer: memcheck, racecheck, synccheck and initcheck.
 
-Run from the repository root (case names as arguments run only those), for
-example::
+Run from the repository root, with it on ``PYTHONPATH`` (case names as
+arguments run only those), for example::
 
+    export PYTHONPATH=$PWD  # the helpers are imported as tests.kernels.hpc.*
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python tests/kernels/sanitizer_prefill.py
+        --error-exitcode 1 python tests/kernels/hpc/sanitizer_prefill.py
 
 and the same under the other tools (``sanitizer_runner.py`` has their
 command lines and the exit status). Spare cache blocks and the slots past
@@ -21,12 +22,12 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
-import sanitizer_runner
 import torch
-from decode_reference import FP8_DTYPE, CacheLayout
-from prefill_reference import make_prefill_inputs
-from rope_norm_reference import import_attn_workspace
-from sanitizer_runner import Case, Check
+
+from tests.kernels.hpc import sanitizer_runner
+from tests.kernels.hpc.prefill_reference import make_prefill_inputs
+from tests.kernels.hpc.sanitizer_runner import Case, Check
+from tests.kernels.hpc.utils import FP8_DTYPE, CacheLayout, import_attn_workspace
 
 
 def _case(
@@ -115,7 +116,7 @@ CASES: list[dict[str, object]] = [
 def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     name = str(case["name"])
     inputs = make_prefill_inputs(**case["inputs"], seed=seed, device="cuda")  # type: ignore[arg-type]
-    workspaces = import_attn_workspace(sanitizer_runner.REPO_ROOT)
+    workspaces = import_attn_workspace()
     ws = workspaces.PrefillWorkspace.create(**inputs.workspace_kwargs())
     inputs.poison_out()
     ws.plan(inputs.query_start_loc, inputs.seq_lens)

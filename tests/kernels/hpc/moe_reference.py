@@ -30,9 +30,8 @@ per-block scales of varying magnitude, uniform, skewed or single-expert
 routing, and expert parallelism as a contiguous local range
 (``expert_offset``) or a scattered ``expert_map``.
 
-This module imports torch only (and the error measures of the prologue's
-reference, which import torch only); ``moe_workspace`` imports the op
-module when called.
+This module imports torch only (and the error measures of ``utils``);
+``moe_workspace`` imports the op module when called.
 """
 
 from __future__ import annotations
@@ -42,7 +41,8 @@ import math
 from types import SimpleNamespace
 
 import torch
-from rope_norm_reference import ErrorStats, error_stats
+
+from tests.kernels.hpc.utils import ErrorStats, error_stats
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0

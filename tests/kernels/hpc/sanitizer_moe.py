@@ -4,11 +4,12 @@
 GEMMs, the top-k reduction, and the decode path) for compute-sanitizer:
 memcheck, racecheck, synccheck and initcheck.
 
-Run from the repository root (case names as arguments run only those), for
-example::
+Run from the repository root, with it on ``PYTHONPATH`` (case names as
+arguments run only those), for example::
 
+    export PYTHONPATH=$PWD  # the helpers are imported as tests.kernels.hpc.*
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python tests/kernels/sanitizer_moe.py
+        --error-exitcode 1 python tests/kernels/hpc/sanitizer_moe.py
 
 and the same under the other tools (``sanitizer_runner.py`` has their
 command lines and the exit status). ``out`` holds NaN before each run, and
@@ -22,15 +23,16 @@ import functools
 import sys
 from types import ModuleType
 
-import sanitizer_runner
 import torch
-from moe_reference import (
+
+from tests.kernels.hpc import sanitizer_runner
+from tests.kernels.hpc.moe_reference import (
     FP8_DTYPE,
     make_moe_inputs,
     make_moe_weights,
     moe_workspace,
 )
-from sanitizer_runner import Case, Check
+from tests.kernels.hpc.sanitizer_runner import Case, Check
 
 # Small, but each exercises a different path. "weights" go to
 # make_moe_weights, "inputs" to make_moe_inputs; "spare" extra workspace

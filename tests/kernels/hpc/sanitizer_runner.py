@@ -2,17 +2,18 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What the compute-sanitizer scripts ``sanitizer_<op>.py`` share.
 
-Run a script from the repository root under each tool its docstring names,
-for example::
+Run a script from the repository root, with it on ``PYTHONPATH``, under each
+tool its docstring names, for example::
 
+    export PYTHONPATH=$PWD  # the helpers are imported as tests.kernels.hpc.*
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck \\
-        --error-exitcode 1 python tests/kernels/sanitizer_moe.py
+        --error-exitcode 1 python tests/kernels/hpc/sanitizer_moe.py
     compute-sanitizer --tool racecheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_moe.py
+        python tests/kernels/hpc/sanitizer_moe.py
     compute-sanitizer --tool synccheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_moe.py
+        python tests/kernels/hpc/sanitizer_moe.py
     compute-sanitizer --tool initcheck --error-exitcode 1 \\
-        python tests/kernels/sanitizer_moe.py
+        python tests/kernels/hpc/sanitizer_moe.py
 
 and likewise ``sanitizer_decode.py``, ``sanitizer_prefill.py`` and
 ``sanitizer_rope_norm.py``. Case names as arguments run only those cases
@@ -29,13 +30,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from types import ModuleType
 
 import torch
-from rope_norm_reference import import_hpc_ops
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.hpc.utils import import_hpc_ops
 
 Case = Mapping[str, object]
 Check = Callable[[str, Callable[[], str]], None]
@@ -69,7 +68,7 @@ def load_hpc_ops(required_op: str | None = None) -> tuple[ModuleType | None, str
         return None, "no CUDA GPU is available"
     if torch.cuda.get_device_capability() != (9, 0):
         return None, f"needs an sm90 GPU, not {torch.cuda.get_device_name()}"
-    hpc_ops = import_hpc_ops(REPO_ROOT)
+    hpc_ops = import_hpc_ops()
     if not hpc_ops.hpc_ops_available():
         return None, "the _hpc_C library is not built or not loadable"
     if required_op is not None and not hasattr(torch.ops._hpc_C, required_op):

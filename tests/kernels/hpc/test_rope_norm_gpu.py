@@ -25,7 +25,8 @@ import itertools
 
 import pytest
 import torch
-from rope_norm_reference import (
+
+from tests.kernels.hpc.rope_norm_reference import (
     FP8_DTYPE,
     NORM_NONE,
     NORM_NORM_THEN_ROPE,
@@ -36,7 +37,6 @@ from rope_norm_reference import (
     kv_views,
     make_prologue_inputs,
 )
-
 from vllm._hpc_ops import rope_norm_store_kv
 
 pytestmark = pytest.mark.gpu

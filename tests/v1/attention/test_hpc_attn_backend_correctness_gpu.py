@@ -32,7 +32,7 @@ nothing else sees them. The models are local directories holding a
 download).
 
     VLLM_SDIST=path/to/vllm-0.33.0.tar.gz python -m pytest -m gpu \\
-        tests/vllm_integration/test_hpc_attn_backend_correctness_gpu.py
+        tests/v1/attention/test_hpc_attn_backend_correctness_gpu.py
 
 The GPU tests skip without an sm90 GPU and the built ``_hpc_C`` (see
 conftest.py), without ``VLLM_SDIST``, and without vLLM's compiled cache op
@@ -84,8 +84,8 @@ SDIST_HINT = (
     + ")"
 )
 
-# The root that holds the ``vllm`` directory: this repository, or a vLLM
-# checkout, where this file sits in tests/kernels/hpc/.
+# The root that holds the ``vllm`` directory: this repository or a vLLM
+# checkout.
 _HERE = Path(__file__).resolve().parent
 REPO_ROOT = next((p for p in _HERE.parents if (p / "vllm").is_dir()), _HERE.parent)
 
@@ -384,6 +384,9 @@ def test_harness_import_leaves_no_trace(
         pytest.skip("imported as the checkout's own tests package")
     stand_in = ModuleType("tests")
     monkeypatch.setitem(sys.modules, "tests", stand_in)
+    # This tree's own helpers (tests.kernels.hpc.*) may be imported already.
+    for name in [n for n in sys.modules if n.startswith("tests.")]:
+        monkeypatch.delitem(sys.modules, name)
     path = list(sys.path)
     harness = import_harness(root)
     assert harness.__name__ == HARNESS

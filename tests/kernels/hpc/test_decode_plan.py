@@ -14,20 +14,19 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
-from decode_reference import (
+
+from tests.kernels.hpc.decode_reference import (
     DecodePlan,
     decode_item_fields,
     decode_plan_of,
     plan_decode_host,
 )
-from rope_norm_reference import import_hpc_ops
+from tests.kernels.hpc.utils import import_hpc_ops
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-hpc_ops = import_hpc_ops(REPO_ROOT)
+hpc_ops = import_hpc_ops()
 
 pytestmark = pytest.mark.skipif(
     not hpc_ops.hpc_ops_available(), reason="the _hpc_C library is not built"

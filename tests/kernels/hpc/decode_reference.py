@@ -15,21 +15,25 @@ stacked ``(num_blocks, 2, block_size, Hkv, D)`` tensor, and the HPC backend's
 the block table, and fill every cache element a kernel must never read
 (unused blocks, slots past each sequence's length) with NaN.
 
-This module imports torch only (and the error measures of the prologue's
-reference, which import torch only); the plan functions at the end import
-the op module when called.
+This module imports torch only (and the shared helpers of ``utils``); the
+plan functions at the end import the op module when called.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 
 import torch
-from rope_norm_reference import ErrorStats, error_stats
 
-FP8_DTYPE = torch.float8_e4m3fn
+from tests.kernels.hpc.utils import (
+    FP8_DTYPE,
+    CacheLayout,
+    ErrorStats,
+    error_stats,
+    raw_view,
+)
+
 FP8_MAX = 448.0
 # 0x7F is NaN in float8_e4m3fn (the format has no infinities).
 FP8_NAN_BYTE = 0x7F
@@ -48,36 +52,9 @@ FP8_ATOL = 8e-2
 FP8_P_ATOL = 1.5e-1
 
 
-class CacheLayout(str, enum.Enum):
-    """How the ``[num_blocks, block_size, Hkv, D]`` K and V views are made."""
-
-    # Two contiguous tensors.
-    SEPARATE = "sep"
-    # One (num_blocks, 2, block_size, Hkv, D) tensor: kv[:, 0] and kv[:, 1].
-    STACKED = "stk"
-    # vLLM's HPC backend: (num_blocks, Hkv, block_size, 2 * D), K and V side
-    # by side in each row; the views are permuted slices.
-    HPC = "hpc"
-
-
 # ---------------------------------------------------------------------------
 # Small helpers
 # ---------------------------------------------------------------------------
-
-
-def raw_view(t: torch.Tensor) -> torch.Tensor:
-    """An integer view of the same bytes (indexing and bit compares work for
-    every dtype, FP8 included)."""
-    size = t.element_size()
-    if size == 1:
-        return t.view(torch.uint8)
-    if size == 2:
-        return t.view(torch.int16)
-    return t.view(torch.int32)
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(raw_view(a), raw_view(b))
 
 
 def poison_cache_(t: torch.Tensor) -> torch.Tensor:

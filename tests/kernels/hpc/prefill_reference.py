@@ -34,10 +34,9 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
-from decode_reference import (
-    FP8_DTYPE,
+
+from tests.kernels.hpc.decode_reference import (
     FP8_MAX,
-    CacheLayout,
     PagedInputs,
     check_whole,
     default_dtypes,
@@ -46,7 +45,7 @@ from decode_reference import (
     quantize_queries,
     reference_decode,
 )
-from rope_norm_reference import ErrorStats, error_stats
+from tests.kernels.hpc.utils import FP8_DTYPE, CacheLayout, ErrorStats, error_stats
 
 # The queries are drawn from a generator of their own, seeded apart from the
 # cache's, so they are independent of the keys.

@@ -10,6 +10,7 @@ skip without it.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -129,11 +130,11 @@ def tree(tmp_path: Path) -> Path:
         "csrc/hpc/common/host.cpp": "// host code\n",
         "cmake/hpc_extension.cmake": "add_library(_hpc_C MODULE)\n",
         "cmake/hpc_extension.vllm.cmake.in": FAKE_TEMPLATE,
-        "tests/conftest.py": "# shared setup\n",
-        "tests/kernels/test_ops.py": "def test_ops(): pass\n",
-        "tests/vllm_integration/test_hpc_moe_layer.py": "MOE = 1\n",
-        "tests/vllm_integration/test_hpc_attn_backend.py": "ATTN = 1\n",
-        "tests/tools/test_apply_patchset.py": "TOOL = 1\n",
+        "tests/kernels/hpc/conftest.py": "# shared setup\n",
+        "tests/kernels/hpc/test_ops.py": "def test_ops(): pass\n",
+        "tests/kernels/moe/test_hpc_moe_layer.py": "MOE = 1\n",
+        "tests/v1/attention/test_hpc_attn_backend.py": "ATTN = 1\n",
+        "tools/tests/test_apply_patchset.py": "TOOL = 1\n",
         "benchmarks/kernels/benchmark_ops.py": "BENCH = 1\n",
     }
     for rel, text in files.items():
@@ -438,7 +439,7 @@ def test_vllm_src_apply_and_revert(tree: Path, src: Path, capsys, monkeypatch) -
     assert (src / "tests/kernels/moe/test_hpc_moe_layer.py").is_file()
     assert (src / "tests/v1/attention/test_hpc_attn_backend.py").is_file()
     assert (src / "benchmarks/kernels/benchmark_ops.py").is_file()
-    assert not (src / "tests/tools").exists()
+    assert not (src / "tools").exists()
 
     cmake = (src / "CMakeLists.txt").read_text()
     block = cmake.index(tool.CMAKE_BLOCK)
@@ -666,17 +667,11 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
     assert not set(layout.files) & set(layout.edits)
     assert not any(rel.endswith(".so") for rel in layout.files)
 
-    # every test goes somewhere in vLLM's tests/, bar this tool's own
-    mapped = {}
-    for rel in tool.tree_files(REPO_ROOT / "tests"):
-        dest = tool.vllm_test_path(f"tests/{rel}")
-        if rel.startswith("tools/") and not rel.startswith("tools/test_benchmark_"):
-            assert dest is None, rel
-            continue
-        assert dest is not None and dest.startswith("tests/"), rel
-        assert layout.files[dest] == REPO_ROOT / "tests" / rel
-        mapped[dest] = rel
-    assert mapped["tests/kernels/hpc/conftest.py"] == "conftest.py"
+    # every test at its own path, none of this repository's tool tests
+    for rel, path in tool.tree_files(REPO_ROOT / "tests").items():
+        assert layout.files[f"tests/{rel}"] == path
+    assert "tests/kernels/hpc/conftest.py" in layout.files
+    assert not [rel for rel in layout.files if rel.startswith("tools/")]
 
     # the generated target lists every translation unit, the tracked ones too
     fragment = layout.edits[tool.CMAKE_FRAGMENT].make(None)
@@ -688,63 +683,51 @@ def test_source_layout_covers_the_tree(tmp_path: Path) -> None:
     assert tool.SOURCES_PLACEHOLDER not in fragment
 
 
-def test_mapped_tests_find_their_helpers(tmp_path: Path) -> None:
-    """A test importing one of the tree's test helpers by module name finds
-    it beside itself in vLLM, as pytest puts the test's directory first."""
+def test_tests_import_helpers_by_their_vllm_path(tmp_path: Path) -> None:
+    """The tests import the tree's helpers as modules of the ``tests``
+    package (``tests.kernels.hpc.utils``), which the PR carries at those
+    paths, and none by bare module name."""
     layout = tool.source_layout(_fake_checkout(tmp_path / "src"), REPO_ROOT)
-    helpers = {path.stem for path in (REPO_ROOT / "tests").rglob("*.py")}
-    imported = re.compile(r"^(?:from|import) (\w+)", re.M)
-    for dest, path in layout.files.items():
-        if not dest.startswith("tests/") or path.suffix != ".py":
+    tests = {
+        rel: path for rel, path in layout.files.items() if rel.startswith("tests/")
+    }
+    helpers = {
+        Path(rel).stem for rel in tests if not Path(rel).stem.startswith("test_")
+    }
+    for rel, path in tests.items():
+        if path.suffix != ".py":
             continue
-        for name in set(imported.findall(path.read_text())) & helpers:
-            beside = f"{dest.rsplit('/', 1)[0]}/{name}.py"
-            assert beside in layout.files, f"{dest} imports {name}, not beside it"
+        for node in ast.walk(ast.parse(path.read_text(), rel)):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+                modules += [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                assert module not in helpers, f"{rel} imports {module} by bare name"
+                if module.split(".")[0] != "tests":
+                    continue
+                as_file = module.replace(".", "/")
+                carried = f"{as_file}.py" in tests or any(
+                    other.startswith(f"{as_file}/") for other in tests
+                )
+                # "from tests.x import name" may name a function, not a module.
+                is_name = isinstance(node, ast.ImportFrom) and module != node.module
+                assert carried or is_name, f"{rel} imports {module}, not in the PR"
 
 
-@pytest.mark.parametrize(
-    "rel, dest",
-    [
-        ("tests/conftest.py", "tests/kernels/hpc/conftest.py"),
-        ("tests/kernels/test_decode_ops.py", "tests/kernels/hpc/test_decode_ops.py"),
-        ("tests/kernels/sub/helper.py", "tests/kernels/hpc/sub/helper.py"),
-        (
-            "tests/vllm_integration/test_hpc_moe_oracle.py",
-            "tests/kernels/moe/test_hpc_moe_oracle.py",
-        ),
-        (
-            "tests/vllm_integration/test_hpc_rope_norm_layer.py",
-            "tests/model_executor/layers/test_hpc_rope_norm_layer.py",
-        ),
-        (
-            "tests/vllm_integration/test_hpc_attn_backend.py",
-            "tests/v1/attention/test_hpc_attn_backend.py",
-        ),
-        (
-            "tests/vllm_integration/test_hpc_attn_backend_gpu.py",
-            "tests/kernels/hpc/test_hpc_attn_backend_gpu.py",
-        ),
-        (
-            "tests/vllm_integration/test_hpc_attn_backend_correctness_gpu.py",
-            "tests/kernels/hpc/test_hpc_attn_backend_correctness_gpu.py",
-        ),
-        (
-            "tests/tools/test_benchmark_hpc_moe.py",
-            "tests/benchmarks/test_benchmark_hpc_moe.py",
-        ),
-        ("tests/tools/test_apply_patchset.py", None),
-        ("tests/other/test_x.py", None),
-    ],
-)
-def test_vllm_test_paths(rel: str, dest: str | None) -> None:
-    assert tool.vllm_test_path(rel) == dest
-
-
-def test_two_tests_for_one_destination_are_refused(tree: Path, src: Path) -> None:
-    (tree / "tests/kernels/conftest.py").write_text("# clash\n")
+def test_files_vllm_has_are_not_replaced(tree: Path, src: Path, capsys) -> None:
+    upstream = src / "tests/kernels/moe/test_hpc_moe_layer.py"
+    upstream.parent.mkdir(parents=True)
+    upstream.write_text("# vLLM's own\n")
     before = snapshot(src)
-    assert run("--tree", tree, "--vllm-src", src) == 1
-    assert snapshot(src) == before
+    for extra in ((), ("--diff",)):
+        assert run("--tree", tree, "--vllm-src", src, *extra) == 1
+        err = capsys.readouterr().err
+        assert "vLLM already has tests/kernels/moe/test_hpc_moe_layer.py" in err
+        assert snapshot(src) == before
 
 
 def test_describe_backend_replaces_only_its_comment() -> None:
