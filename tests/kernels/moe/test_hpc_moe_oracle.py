@@ -17,39 +17,23 @@ from typing import Any
 
 import pytest
 import regex as re
+import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
-
-import torch  # noqa: E402
-
-hpc_moe = pytest.importorskip(
-    "vllm.model_executor.layers.fused_moe.hpc_moe",
-    reason="vLLM has no hpc_moe module",
-)
-
-# Upstream's module (built on the external ``hpc`` package) sizes no MoE
-# workspace; this patch set's does, wherever the tests are placed.
-if not hasattr(hpc_moe, "workspace_max_tokens"):
-    pytest.skip(
-        "the patch set is not applied to the installed vLLM "
-        "(run tools/apply_patchset.py)",
-        allow_module_level=True,
-    )
-
-from vllm import _hpc_ops  # noqa: E402
-from vllm.model_executor.layers.fused_moe import (  # noqa: E402
+from vllm import _hpc_ops
+from vllm.model_executor.layers.fused_moe import hpc_moe
+from vllm.model_executor.layers.fused_moe import (
     modular_kernel as mk,
 )
-from vllm.model_executor.layers.fused_moe.activation import (  # noqa: E402
+from vllm.model_executor.layers.fused_moe.activation import (
     MoEActivation,
 )
-from vllm.model_executor.layers.fused_moe.config import (  # noqa: E402
+from vllm.model_executor.layers.fused_moe.config import (
     FusedMoEConfig,
     FusedMoEParallelConfig,
     RoutingMethodType,
     fp8_w8a8_moe_quant_config,
 )
-from vllm.model_executor.layers.fused_moe.oracle.fp8 import (  # noqa: E402
+from vllm.model_executor.layers.fused_moe.oracle.fp8 import (
     Fp8MoeBackend,
     backend_to_kernel_cls,
     make_fp8_moe_kernel,
@@ -58,13 +42,13 @@ from vllm.model_executor.layers.fused_moe.oracle.fp8 import (  # noqa: E402
     resolve_fp8_moe_weight_block_shape,
     select_fp8_moe_backend,
 )
-from vllm.model_executor.layers.fused_moe.prepare_finalize.no_dp_ep import (  # noqa: E402
+from vllm.model_executor.layers.fused_moe.prepare_finalize.no_dp_ep import (
     MoEPrepareAndFinalizeNoDPEPModular,
 )
-from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import (  # noqa: E402
+from vllm.model_executor.layers.fused_moe.topk_weight_and_reduce import (
     TopKWeightAndReduceNoOP,
 )
-from vllm.model_executor.layers.quantization.utils.quant_utils import (  # noqa: E402
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
     GroupShape,
     create_fp8_quant_key,
     kFp8Dynamic128Sym,
@@ -74,10 +58,10 @@ from vllm.model_executor.layers.quantization.utils.quant_utils import (  # noqa:
     kFp8StaticChannelSym,
     kFp8StaticTensorSym,
 )
-from vllm.platforms import current_platform  # noqa: E402
-from vllm.platforms.interface import DeviceCapability  # noqa: E402
-from vllm.utils import hpc as hpc_utils  # noqa: E402
-from vllm.v1.worker.workspace import WorkspaceManager  # noqa: E402
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
+from vllm.utils import hpc as hpc_utils
+from vllm.v1.worker.workspace import WorkspaceManager
 
 HPCExperts = hpc_moe.HPCExperts
 FP8 = torch.float8_e4m3fn

@@ -15,51 +15,26 @@ import importlib.machinery
 import random
 import sys
 import types
-from pathlib import Path
 
 import pytest
+import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
-
-import torch  # noqa: E402
-
-rope_norm = pytest.importorskip(
-    "vllm.model_executor.layers.hpc.rope_norm",
-    reason="vLLM has no HPC rope_norm module",
-)
-
-_REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-def _patch_set_applied() -> bool:
-    if getattr(rope_norm, "ROPE_NORM_KERNEL", None) == "_hpc_C::rope_norm_store_kv":
-        return True
-    return Path(rope_norm.__file__).resolve().is_relative_to(_REPO_ROOT)
-
-
-if not _patch_set_applied():
-    pytest.skip(
-        "the patch set is not applied to the installed vLLM "
-        "(run tools/apply_patchset.py)",
-        allow_module_level=True,
-    )
-
-from vllm import _hpc_ops  # noqa: E402
-from vllm.config import (  # noqa: E402
+from vllm import _hpc_ops
+from vllm.config import (
     AttentionConfig,
     DeviceConfig,
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.forward_context import (  # noqa: E402
+from vllm.forward_context import (
     ForwardContext,
     override_forward_context,
 )
-from vllm.model_executor.custom_op import CustomOp, op_registry  # noqa: E402
-from vllm.model_executor.layers.hpc import HpcModule  # noqa: E402
-from vllm.model_executor.layers.layernorm import RMSNorm  # noqa: E402
-from vllm.utils import hpc as hpc_utils  # noqa: E402
-from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.model_executor.custom_op import CustomOp, op_registry
+from vllm.model_executor.layers.hpc import HpcModule, rope_norm
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.utils import hpc as hpc_utils
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 HpcRopeNorm = rope_norm.HpcRopeNorm
 QkNormPolicy = rope_norm.QkNormPolicy

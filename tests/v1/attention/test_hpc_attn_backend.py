@@ -16,37 +16,17 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import regex as re
-
-pytest.importorskip("vllm", reason="vLLM is not installed")
-
-# vLLM's CUDA platform imports this extension module; it is not needed here.
-sys.modules.setdefault(
-    "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch")
-)
-
-import torch  # noqa: E402
-
-hpc_attn = pytest.importorskip(
-    "vllm.v1.attention.backends.hpc_attn", reason="vLLM has no hpc_attn module"
-)
-
-# Upstream's module (built on the external ``hpc`` package) has no
-# unchecked decode op; this patch set's does, wherever the tests are placed.
-if not hasattr(hpc_attn, "decode_attention_unchecked"):
-    pytest.skip(
-        "the patch set is not applied to the installed vLLM "
-        "(run tools/apply_patchset.py)",
-        allow_module_level=True,
-    )
+import torch
 
 # Imported before the platform is switched, so that the attention layer's
 # module does not try to load the CUDA-only flash-attention package.
-import vllm.model_executor.layers.attention  # noqa: E402, F401
-import vllm.platforms  # noqa: E402
-from vllm.config import (  # noqa: E402
+import vllm.model_executor.layers.attention  # noqa: F401
+import vllm.platforms
+from vllm.config import (
     AttentionConfig,
     CacheConfig,
     ModelConfig,
@@ -54,29 +34,29 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.forward_context import (  # noqa: E402
+from vllm.forward_context import (
     ForwardContext,
     override_forward_context,
 )
-from vllm.model_executor.layers.attention import Attention  # noqa: E402
-from vllm.model_executor.layers.hpc import rope_norm  # noqa: E402
-from vllm.platforms.cuda import NonNvmlCudaPlatform  # noqa: E402
-from vllm.platforms.interface import DeviceCapability  # noqa: E402
-from vllm.utils.torch_utils import set_default_torch_dtype  # noqa: E402
-from vllm.v1.attention.backend import (  # noqa: E402
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.hpc import rope_norm
+from vllm.platforms.interface import DeviceCapability
+from vllm.utils.torch_utils import set_default_torch_dtype
+from vllm.v1.attention.backend import (
     AttentionCGSupport,
     CommonAttentionMetadata,
     MultipleOf,
 )
-from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
-from vllm.v1.attention.backends.utils import (  # noqa: E402
+from vllm.v1.attention.backends import hpc_attn
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.backends.utils import (
     get_supported_kv_cache_layouts,
 )
-from vllm.v1.attention.selector import (  # noqa: E402
+from vllm.v1.attention.selector import (
     _cached_get_attn_backend,
     get_attn_backend,
 )
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheLayout,
     KVCacheTensor,
@@ -84,10 +64,13 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     SlidingWindowSpec,
     create_kv_cache_views,
 )
-from vllm.v1.worker.utils import (  # noqa: E402
+from vllm.v1.worker.utils import (
     customize_attention_spec,
     select_common_block_size,
 )
+
+if TYPE_CHECKING:
+    from vllm.platforms.cuda import NonNvmlCudaPlatform
 
 Backend = hpc_attn.HpcAttentionBackend
 Builder = hpc_attn.HpcAttnMetadataBuilder
@@ -102,23 +85,17 @@ HPC = AttentionBackendEnum.HPC_ATTN
 # ---------------------------------------------------------------------------
 
 
-class _HopperPlatform(NonNvmlCudaPlatform):
-    capability = DeviceCapability(9, 0)
-
-    @classmethod
-    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
-        return cls.capability
-
-
 @pytest.fixture(scope="module", autouse=True)
-def hopper_platform() -> Iterator[type[_HopperPlatform]]:
+def hopper_platform(
+    hopper_platform_cls: type[NonNvmlCudaPlatform],
+) -> Iterator[type[NonNvmlCudaPlatform]]:
     saved = vllm.platforms._current_platform
-    vllm.platforms._current_platform = _HopperPlatform()
+    vllm.platforms._current_platform = hopper_platform_cls()
     try:
-        yield _HopperPlatform
+        yield hopper_platform_cls
     finally:
         vllm.platforms._current_platform = saved
-        _HopperPlatform.capability = DeviceCapability(9, 0)
+        hopper_platform_cls.capability = DeviceCapability(9, 0)
         _cached_get_attn_backend.cache_clear()
 
 

@@ -54,17 +54,14 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
-
-import torch  # noqa: E402
-
-from vllm.config import (  # noqa: E402
+from vllm.config import (
     ModelConfig,
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 HARNESS = "tests.v1.attention.test_attention_backends"
 # What the harness reads of vLLM's tests/, relative to the directory above it.
@@ -427,12 +424,6 @@ def _run_harness(
     tensor_parallel_size: int,
     kv_cache_dtype: str,
 ) -> None:
-    hpc_attn = importlib.import_module("vllm.v1.attention.backends.hpc_attn")
-    if not hasattr(hpc_attn, "decode_attention_unchecked"):
-        pytest.skip(
-            "the patch set is not applied to the installed vLLM "
-            "(run tools/apply_patchset.py)"
-        )
     if not _has_vllm_cache_op():
         pytest.skip(
             "vLLM's compiled cache op (_C_cache_ops.reshape_and_cache_flash), "

@@ -29,42 +29,22 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
-pytest.importorskip("vllm", reason="vLLM is not installed")
-
-import torch  # noqa: E402
-
-from tests.kernels.hpc.decode_reference import (  # noqa: E402
-    poison_cache_,
-    quantize_fp8,
-)
-from tests.kernels.hpc.prefill_reference import (  # noqa: E402
+from tests.kernels.hpc.decode_reference import poison_cache_, quantize_fp8
+from tests.kernels.hpc.prefill_reference import (
     check_prefill,
     on_fp8_grid,
     reference_prefill,
 )
-from tests.kernels.hpc.rope_norm_reference import (  # noqa: E402
+from tests.kernels.hpc.rope_norm_reference import (
     assert_close,
     make_cos_sin_cache,
     read_slots,
     reference_prologue,
 )
-from tests.kernels.hpc.utils import FP8_DTYPE, raw_view  # noqa: E402
-
-hpc_attn = pytest.importorskip(
-    "vllm.v1.attention.backends.hpc_attn", reason="vLLM has no hpc_attn module"
-)
-
-# Upstream's module (built on the external ``hpc`` package) has no
-# unchecked decode op; this patch set's does, wherever the tests are placed.
-if not hasattr(hpc_attn, "decode_attention_unchecked"):
-    pytest.skip(
-        "the patch set is not applied to the installed vLLM "
-        "(run tools/apply_patchset.py)",
-        allow_module_level=True,
-    )
-
-from vllm.config import (  # noqa: E402
+from tests.kernels.hpc.utils import FP8_DTYPE, raw_view
+from vllm.config import (
     AttentionConfig,
     CacheConfig,
     ModelConfig,
@@ -72,9 +52,10 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
-from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
-from vllm.v1.kv_cache_interface import (  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.attention.backends import hpc_attn
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheLayout,
     KVCacheTensor,

@@ -12,30 +12,21 @@ GPU; the passes themselves need vLLM's CUDA ops and skip without them.
 from __future__ import annotations
 
 import json
-import sys
-import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-
-pytest.importorskip("vllm", reason="vLLM is not installed")
-
-# vLLM's CUDA platform imports this extension module; it is not needed here.
-sys.modules.setdefault(
-    "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch")
-)
-
-import torch  # noqa: E402
+import torch
 
 # Imported before the platform is switched, so that the attention layer's
 # module does not try to load the CUDA-only flash-attention package.
-import vllm  # noqa: E402
-import vllm.config.compilation  # noqa: E402
-import vllm.config.vllm  # noqa: E402
-import vllm.model_executor.layers.attention  # noqa: E402, F401
-import vllm.platforms  # noqa: E402
-from vllm.config import (  # noqa: E402
+import vllm
+import vllm.config.compilation
+import vllm.config.vllm
+import vllm.model_executor.layers.attention  # noqa: F401
+import vllm.platforms
+from vllm.config import (
     AttentionConfig,
     CacheConfig,
     CompilationConfig,
@@ -44,33 +35,20 @@ from vllm.config import (  # noqa: E402
     VllmConfig,
     set_current_vllm_config,
 )
-from vllm.config.compilation import CUDAGraphMode  # noqa: E402
-from vllm.platforms.cpu import CpuPlatform  # noqa: E402
-from vllm.platforms.cuda import NonNvmlCudaPlatform  # noqa: E402
-from vllm.platforms.interface import (  # noqa: E402
-    DeviceCapability,
+from vllm.config.compilation import CUDAGraphMode
+from vllm.platforms.cpu import CpuPlatform
+from vllm.platforms.interface import (
     Platform,
     PlatformEnum,
 )
-from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+if TYPE_CHECKING:
+    from vllm.platforms.cuda import NonNvmlCudaPlatform
 
 PACKAGE = Path(vllm.__file__).resolve().parent
 QK_NORM_PASS = PACKAGE / "compilation/passes/fusion/qk_norm_rope_kvcache_fusion.py"
 FLAGS = ("fuse_qk_norm_rope_kvcache", "fuse_rope_kvcache")
-ROCM_ONLY_GATE = "if self.fuse_qk_norm_rope_kvcache and not current_platform.is_rocm()"
-
-if ROCM_ONLY_GATE in Path(vllm.config.compilation.__file__).read_text():
-    pytest.skip(
-        "the patch set is not applied to the installed vLLM "
-        "(run tools/apply_patchset.py)",
-        allow_module_level=True,
-    )
-
-
-class _HopperPlatform(NonNvmlCudaPlatform):
-    @classmethod
-    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
-        return DeviceCapability(9, 0)
 
 
 class _RocmPlatform(Platform):
@@ -92,8 +70,10 @@ def _use_platform(monkeypatch: pytest.MonkeyPatch, platform: Platform) -> None:
 
 
 @pytest.fixture
-def hopper(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    _use_platform(monkeypatch, _HopperPlatform())
+def hopper(
+    monkeypatch: pytest.MonkeyPatch, hopper_platform_cls: type[NonNvmlCudaPlatform]
+) -> Iterator[None]:
+    _use_platform(monkeypatch, hopper_platform_cls())
     yield
 
 
@@ -257,11 +237,11 @@ def _cuda_ops_loaded() -> bool:
 @pytest.mark.usefixtures("hopper")
 @pytest.mark.parametrize("supported", [True, False])
 def test_passes_fuse_only_layers_that_support_them(
-    model_config: ModelConfig, monkeypatch: pytest.MonkeyPatch, supported: bool
+    model_config: ModelConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    hopper_platform_cls: type[NonNvmlCudaPlatform],
+    supported: bool,
 ):
-    hpc_attn = pytest.importorskip("vllm.v1.attention.backends.hpc_attn")
-    if not hasattr(hpc_attn, "decode_attention_unchecked"):
-        pytest.skip("the patch set's hpc_attn is not applied")
     from vllm.compilation.passes.fusion import (
         qk_norm_rope_kvcache_fusion as qk_norm_pass,
     )
@@ -270,8 +250,9 @@ def test_passes_fuse_only_layers_that_support_them(
     )
     from vllm.model_executor.layers.attention import Attention
     from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.attention.backends import hpc_attn
 
-    monkeypatch.setattr(qk_norm_pass, "current_platform", _HopperPlatform())
+    monkeypatch.setattr(qk_norm_pass, "current_platform", hopper_platform_cls())
     Impl = hpc_attn.HpcAttentionImpl
     for hook in (
         "fused_qk_norm_rope_kvcache_supported",
