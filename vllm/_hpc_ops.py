@@ -4,8 +4,9 @@
 
 One function per kernel entry point, in two forms. The checked form
 validates its inputs and raises ``ValueError`` naming the offending argument
-and the accepted values before anything reaches the kernels, which only
-``TORCH_CHECK`` internal invariants; the ``*_unchecked`` form is for callers
+and the accepted values before anything reaches the kernels (whose
+adapters check only what the kernels themselves rely on, raising
+``RuntimeError``); the ``*_unchecked`` form is for callers
 that validated their configuration once. Fake (meta) implementations are
 registered so the ops trace under ``torch.compile`` and ``FakeTensor``.
 
