@@ -3,7 +3,7 @@
 #pragma once
 
 #ifdef __CUDACC__
-#define HPC_HOST_DEVICE __host__ __device__ __forceinline__
+  #define HPC_HOST_DEVICE __host__ __device__ __forceinline__
 #else
-#define HPC_HOST_DEVICE inline
+  #define HPC_HOST_DEVICE inline
 #endif

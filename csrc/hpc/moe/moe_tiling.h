@@ -21,9 +21,9 @@
 #include <cstdint>
 
 #ifdef __CUDACC__
-#define HPC_MOE_HD __host__ __device__ __forceinline__
+  #define HPC_MOE_HD __host__ __device__ __forceinline__
 #else
-#define HPC_MOE_HD inline
+  #define HPC_MOE_HD inline
 #endif
 
 namespace hpc {
