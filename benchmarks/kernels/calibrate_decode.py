@@ -69,8 +69,6 @@ from typing import Any
 import benchmark_hpc_decode as decode
 import numpy as np
 import torch
-import triton
-import triton.language as tl
 from bench_utils import (
     L2Scrub,
     capture_graphs,
@@ -86,6 +84,8 @@ from bench_utils import (
     time_impls,
     unavailable_reason,
 )
+
+from vllm.triton_utils import tl, triton
 
 RESULT_NAME = Path(__file__).stem + ".json"
 WORKLOAD = "CAL"

@@ -115,9 +115,16 @@ def test_reference_sums_see_every_word():
 def test_read_kernel_in_the_interpreter():
     """The Triton read kernel, run by Triton's CPU interpreter, writes the
     XOR of each tile's K and V words for both layouts and dtypes."""
+    # Without a GPU driver vLLM's triton_utils hands out stand-ins; the
+    # interpreter needs the real modules, set before the script imports them.
     script = textwrap.dedent(
         """
         import torch
+        import triton
+        import triton.language as tl
+        import vllm.triton_utils
+
+        vllm.triton_utils.triton, vllm.triton_utils.tl = triton, tl
         import benchmark_hpc_decode as decode
         import calibrate_decode as cal
 

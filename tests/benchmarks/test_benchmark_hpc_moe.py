@@ -196,7 +196,7 @@ def test_missing_ops() -> None:
 def test_fused_experts_skipped_without_moe_ops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """vLLM's Python imports but its compiled MoE ops are not loaded:
+    """The Python of vLLM imports but its compiled MoE ops are not loaded:
     fused_experts is skipped, naming the absent ops; triton_gemms (Triton
     only) is not."""
     monkeypatch.setattr(bench, "missing_baselines", lambda sources, wanted: {})

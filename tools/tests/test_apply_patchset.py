@@ -11,32 +11,19 @@ skip without it.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import regex as re
+from patchset_tool import REPO_ROOT, TOOL_PATH, load_tool
+from patchset_tool import git as _git
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TOOL_PATH = REPO_ROOT / "tools" / "apply_patchset.py"
-
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("apply_patchset", TOOL_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
+tool = load_tool()
 
 # Upstream files the relied-on checks read, relative to the vllm package.
 CHECKED = [rel for rel, _, _ in tool.UPSTREAM_CHECKS]
@@ -750,59 +737,6 @@ def test_describe_backend_replaces_only_its_comment() -> None:
 
 
 # --- a real vLLM 0.33.0 source tree ---------------------------------------
-
-SDIST_HINT = (
-    "set VLLM_SDIST to vLLM 0.33.0's source distribution (vllm-0.33.0.tar.gz "
-    "from PyPI) or to its unpacked directory"
-)
-
-
-def _git(root: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(root), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull},
-    ).stdout
-
-
-@pytest.fixture(scope="session")
-def vllm_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """vLLM 0.33.0's sources, unpacked once and committed to a git repository.
-
-    Each test leaves it as it found it (see ``pristine``).
-    """
-    given = os.environ.get("VLLM_SDIST")
-    if not given:
-        pytest.skip(f"needs vLLM's sources: {SDIST_HINT}")
-    if shutil.which("git") is None:
-        pytest.skip("needs git")
-    source = Path(given)
-    work = tmp_path_factory.mktemp("sdist")
-    if source.is_dir():
-        root = work / "vllm"
-        shutil.copytree(source, root, symlinks=True)
-    elif source.is_file():
-        shutil.unpack_archive(source, work)
-        (root,) = [p for p in work.iterdir() if p.is_dir()]
-    else:
-        pytest.skip(f"VLLM_SDIST={given} does not exist; {SDIST_HINT}")
-    if not (root / "cmake" / "utils.cmake").is_file():
-        pytest.skip(f"{source} has no cmake/utils.cmake; {SDIST_HINT}")
-    if tool.read_version(root / "vllm") != tool.BASE_VERSION:
-        pytest.skip(f"{source} is not vLLM {tool.BASE_VERSION}")
-    _git(root, "init", "-q")
-    _git(root, "add", "-A")
-    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "0.33")
-    return root
-
-
-@pytest.fixture
-def pristine(vllm_checkout: Path):
-    yield vllm_checkout
-    _git(vllm_checkout, "reset", "-q", "--hard")
-    _git(vllm_checkout, "clean", "-fdxq")
 
 
 def _src_cli(root: Path, *extra: str) -> subprocess.CompletedProcess[str]:

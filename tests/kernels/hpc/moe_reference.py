@@ -555,7 +555,7 @@ class MoeInputs:
         )
 
     def unrouted(self) -> torch.Tensor:
-        """bool ``[M]``: tokens none of whose experts is local."""
+        """Tokens none of whose experts is local: bool ``[M]``."""
         slots = local_slots(
             self.topk_ids, self.weights.num_experts, self.expert_map, self.expert_offset
         )

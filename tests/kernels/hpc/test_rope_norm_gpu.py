@@ -128,7 +128,7 @@ class Case:
 
 
 def _feature_cases() -> list[Case]:
-    """dtype x RoPE style x norm policy/weight dtype x full/half rotary."""
+    """The dtype x RoPE style x norm policy/weight dtype x full/half rotary."""
     policies = (
         (NORM_NONE, False),
         (NORM_ROPE_THEN_NORM, False),

@@ -316,8 +316,10 @@ _DECLINES = {
     "dynamic_per_tensor_activation": (
         {},
         (kFp8StaticTensorSym, kFp8DynamicTensorSym),
-        "accepts only FP8 per-tensor static weights with static per-tensor "
-        "activations .* got weights .* and activations .*dynamic,per_tensor",
+        (
+            "accepts only FP8 per-tensor static weights with static per-tensor "
+            "activations .* got weights .* and activations .*dynamic,per_tensor"
+        ),
     ),
     "dynamic_per_token_activation": (
         {},
@@ -327,8 +329,11 @@ _DECLINES = {
     "channel_weights": (
         {},
         (kFp8StaticChannelSym, kFp8DynamicTokenSym),
-        r"accepts only .*128x128-block weights with dynamic 1x128 activations "
-        r"\(kFp8Static128BlockSym x kFp8Dynamic128Sym\); got weights .*per_channel",
+        (
+            r"accepts only .*128x128-block weights with dynamic 1x128 activations "
+            r"\(kFp8Static128BlockSym x kFp8Dynamic128Sym\); got weights "
+            r".*per_channel"
+        ),
     ),
     "channel_weights_static_activation": (
         {},
@@ -353,8 +358,10 @@ _DECLINES = {
     "intermediate_not_64": (
         {"inter": 96},
         PER_TENSOR,
-        "needs the per-rank intermediate size to be a multiple of 64 with "
-        "per-tensor FP8, got 96",
+        (
+            "needs the per-rank intermediate size to be a multiple of 64 with "
+            "per-tensor FP8, got 96"
+        ),
     ),
     "float32_input": (
         {"in_dtype": torch.float32},

@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(
 
 
 def _cuda_platform() -> type[NonNvmlCudaPlatform]:
-    """vLLM's ``NonNvmlCudaPlatform``, also where no CUDA driver is installed.
+    """The ``NonNvmlCudaPlatform`` of vLLM, also where no CUDA driver is installed.
 
     ``vllm.platforms.cuda`` imports vLLM's CUDA extension, which cannot load
     without the driver. The tests that pose as a Hopper GPU never call its

@@ -220,7 +220,7 @@ def _tests_package_from(root: Path) -> Iterator[None]:
 
 
 def import_harness(root: Path) -> ModuleType:
-    """vLLM's ``test_attention_backends`` from ``root``/tests.
+    """The ``test_attention_backends`` of vLLM from ``root``/tests.
 
     When ``tests`` already is that package (this file runs inside the vLLM
     checkout), it is imported as usual; otherwise in isolation.
@@ -252,7 +252,7 @@ def harness_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_harness(tmp_path_factory: pytest.TempPathFactory) -> ModuleType:
-    """vLLM 0.33.0's ``tests/v1/attention/test_attention_backends`` module."""
+    """The ``tests/v1/attention/test_attention_backends`` module of vLLM 0.33.0."""
     return import_harness(harness_root(tmp_path_factory))
 
 
@@ -469,7 +469,7 @@ def test_causal_backend_correctness(
     model_ranks: int,
     batch_spec_name: str,
 ) -> None:
-    """vLLM's test_causal_backend_correctness, HPC_ATTN as the backend; the
+    """The test_causal_backend_correctness of vLLM, HPC_ATTN as the backend; the
     ``-rank`` cases on the heads of one rank, which vLLM 0.33.0's harness
     means to run at tensor parallel 2 and 4 but does not."""
     _run_harness(
