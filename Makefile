@@ -1,6 +1,7 @@
 # Entry points (see README.md):
 #   make test      fresh machine: venv, pinned install, build, stable-ABI
-#                  audit, apply, test suite
+#                  audit, apply, test suite (vLLM 0.33.0 sources fetched
+#                  for the PR-level tests unless VLLM_SDIST names them)
 #   make bench     fresh machine with a Hopper GPU: same set-up, then benchmarks
 #   make gpu-test  machine that already has torch + CUDA (no package index):
 #                  build in place, GPU tests and benchmarks, installs nothing
@@ -19,7 +20,8 @@ test: venv
 	@t0=$(now); $(MAKE) --no-print-directory build-venv; \
 	  echo "[time] build: $$(( $(now) - t0 )) s"
 	@$(MAKE) --no-print-directory abi-check apply check
-	@t0=$(now); $(VPY) -m pytest tests tools/tests -q $(PYTEST_ARGS); rc=$$?; \
+	@t0=$(now); sdist=$${VLLM_SDIST:-$$($(VPY) tools/fetch_vllm_sdist.py)} || exit 1; \
+	  VLLM_SDIST=$$sdist $(VPY) -m pytest tests tools/tests -q $(PYTEST_ARGS); rc=$$?; \
 	  echo "[time] tests: $$(( $(now) - t0 )) s"; exit $$rc
 
 bench:

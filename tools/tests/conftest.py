@@ -32,7 +32,9 @@ def vllm_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root = work / "vllm"
         shutil.copytree(source, root, symlinks=True)
     elif source.is_file():
-        shutil.unpack_archive(source, work)
+        # The "data" filter drops the archive's owners, so the tree is the
+        # extracting user's (git refuses a repository another user owns).
+        shutil.unpack_archive(source, work, filter="data")
         (root,) = [p for p in work.iterdir() if p.is_dir()]
     else:
         pytest.skip(f"VLLM_SDIST={given} does not exist; {SDIST_HINT}")
