@@ -26,8 +26,19 @@ only adds files: it refuses to overwrite one the checkout has.
     python tools/apply_patchset.py --revert              # back to upstream
     python tools/apply_patchset.py --vllm-src DIR        # apply to a checkout
     python tools/apply_patchset.py --vllm-src DIR --diff # the PR as a patch
+    python tools/apply_patchset.py --vllm-src DIR --series OUTDIR
 
 Without ``--vllm-src``, ``--diff`` covers the ``vllm/`` files and edits only.
+
+``--series OUTDIR`` writes the same change as numbered patches for review
+(``0001-<slug>.patch``, ...), each with a ``git format-patch``-like header
+that ``git apply`` skips and each applying on the ones before it; after the
+last, the tree is what ``--vllm-src`` writes. ``SERIES`` assigns every file
+to one step by path globs. It has the six steps of the review (the
+``_hpc_C`` library with the RoPE+norm prologue; decode; prefill; the
+HPC_ATTN backend; the FP8 MoE experts; the CUDA fusion passes), coarser
+than one kernel per step in one respect: all kernels are in the first,
+since the op registration references each of them (see ``SERIES``).
 
 Exit codes: 0 success, 1 failure, 2 unsupported or unknown vLLM version.
 """
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import fnmatch
 import hashlib
 import importlib.util
 import json
@@ -45,7 +57,8 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import textwrap
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,6 +224,8 @@ class Layout:
     source: bool = False
     # Files the patch set adds and must not find upstream (outside vllm/).
     new_only: frozenset[str] = frozenset()
+    # The CMake fragment's template (checkouts only), for the series' steps.
+    template: str = ""
 
     def repo_path(self, rel: str) -> str:
         return self.label + rel
@@ -297,7 +312,7 @@ def source_files(tree: Path) -> dict[str, Path]:
     return dict(sorted(files.items()))
 
 
-def kernel_sources(files: dict[str, Path]) -> list[str]:
+def kernel_sources(files: Iterable[str]) -> list[str]:
     """The translation units of ``_hpc_C``, by their path in the checkout."""
     return sorted(
         rel
@@ -324,9 +339,8 @@ def source_layout(src: Path, tree: Path) -> Layout:
         if not (src / name).exists():
             raise PatchSetError(f"{src} is not a vLLM source checkout: no {name}")
     files = source_files(tree)
-    fragment = vllm_cmake_fragment(
-        (tree / CMAKE_TEMPLATE).read_text(), kernel_sources(files)
-    )
+    template = (tree / CMAKE_TEMPLATE).read_text()
+    fragment = vllm_cmake_fragment(template, kernel_sources(files))
     edits = {
         "CMakeLists.txt": Edit(_upstream(wire_cmake, "CMakeLists.txt"), CMAKE_SIGN),
         "setup.py": Edit(_upstream(wire_setup, "setup.py"), SETUP_SIGN),
@@ -335,7 +349,7 @@ def source_layout(src: Path, tree: Path) -> Layout:
         **package_edits("vllm/"),
     }
     new_only = frozenset(rel for rel in files if not rel.startswith("vllm/"))
-    return Layout(src, src / "vllm", "", files, edits, True, new_only)
+    return Layout(src, src / "vllm", "", files, edits, True, new_only, template)
 
 
 def _upstream(edit: Callable[[str], str], rel: str) -> Callable[[str | None], str]:
@@ -872,13 +886,14 @@ def _unified(old: str | None, new: str, path: str, mode: str) -> str:
     return f"diff --git a/{path} b/{path}\n{body}" if body else ""
 
 
-def diff(layout: Layout) -> str:
-    """The patch set as a unified diff against upstream (text files only)."""
+def _changes(layout: Layout) -> dict[str, tuple[str | None, str, str]]:
+    """Each text file the patch set writes: (upstream text or None, its
+    text, git mode). Binary files are left out, as a patch cannot carry them."""
     require_version(layout)
     manifest = load_manifest(layout.root)
     entries = manifest["files"] if manifest else {}
     refuse_replacing(layout, entries)
-    chunks: dict[str, str] = {}
+    changes: dict[str, tuple[str | None, str, str]] = {}
     for rel, src in layout.files.items():
         new = _text(src)
         if new is None:
@@ -892,11 +907,265 @@ def diff(layout: Layout) -> str:
         else:
             old = _text(dest) if dest.is_file() and not dest.is_symlink() else None
         mode = "100755" if os.access(src, os.X_OK) else "100644"
-        chunks[rel] = _unified(old, new, layout.repo_path(rel), mode)
+        changes[rel] = (old, new, mode)
     for rel, edit in layout.edits.items():
         old = _original_text(layout, rel, entries.get(rel))
-        chunks[rel] = _unified(old, edit.make(old), layout.repo_path(rel), "100644")
-    return "".join(chunks[rel] for rel in sorted(chunks))
+        changes[rel] = (old, edit.make(old), "100644")
+    return dict(sorted(changes.items()))
+
+
+def diff(layout: Layout) -> str:
+    """The patch set as a unified diff against upstream (text files only)."""
+    return "".join(
+        _unified(old, new, layout.repo_path(rel), mode)
+        for rel, (old, new, mode) in _changes(layout).items()
+    )
+
+
+# --- the change as a series of patches ------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One patch of the series: the files whose repo paths match ``paths``
+    (``fnmatch`` globs, ``*`` also crossing ``/``) arrive whole in it."""
+
+    slug: str
+    title: str
+    about: str
+    paths: tuple[str, ...]
+
+
+# The series, in dependency order. Every file of the change is claimed by
+# exactly one step; an unclaimed file or one claimed twice is refused, so a
+# file added to the tree needs a line here.
+#
+# Why the kernels of all families arrive in step 1: the _hpc_C library is
+# one shared object whose torch_bindings.cpp registers every op (RoPE+norm,
+# decode, prefill, MoE) by address. Without the implementations of them all
+# it links with undefined symbols and fails to load, and the list of ops is
+# not split by hunk. The only other consistent cut would add the kernel
+# sources uncompiled and wire the build in after the MoE kernel (step 5),
+# leaving steps 1 to 4 without a library to run their GPU tests against. So
+# step 1 carries the whole library, built and loadable; steps 2 and 3 carry
+# what checks the decode and prefill kernels (references, tests,
+# benchmarks), step 5 the Python MoE backend. The attention workspaces
+# (hpc_attn_workspace.py, op module only) are in step 1 too: the kernel
+# tests' conftest imports them. The FP8 oracle's "hpc" entry is vLLM
+# 0.33.0's own (an upstream check, not an edit), so step 5 edits nothing
+# there. The layer test of the prologue checks the backend's metadata and
+# so comes with the backend (step 4).
+SERIES: tuple[Step, ...] = (
+    Step(
+        "hpc-c-library-and-rope-norm-prologue",
+        "[Kernel] _hpc_C: Hopper kernels, build wiring, op module and the "
+        "fused QK-norm + RoPE + KV-cache prologue",
+        "Adds the _hpc_C extension (csrc/hpc/: shared helpers, the fused "
+        "QK-norm + RoPE + KV-cache store, the paged decode kernel and its "
+        "planner, the paged prefill kernel, the FP8 MoE kernel, the op "
+        "schemas), its CMake target (built only for 9.0a with nvcc >= 13.0) "
+        "and its wiring into CMakeLists.txt and setup.py; the typed op module "
+        "vllm/_hpc_ops.py, vllm/utils/hpc.py, the attention workspaces, the "
+        "HpcRopeNorm layer; the kernel tests' set-up and the prologue's "
+        "tests and benchmark. All kernels come together because the op "
+        "registration references each of them.",
+        (
+            "CMakeLists.txt",
+            "setup.py",
+            "cmake/*",
+            "csrc/hpc/*",
+            "vllm/_hpc_ops.py",
+            "vllm/utils/hpc.py",
+            "vllm/model_executor/layers/hpc/*",
+            "vllm/v1/attention/ops/hpc_attn_workspace.py",
+            "tests/kernels/hpc/conftest.py",
+            "tests/kernels/hpc/utils.py",
+            "tests/kernels/hpc/sanitizer_runner.py",
+            "tests/kernels/hpc/*rope_norm*",
+            "benchmarks/kernels/bench_utils.py",
+            "benchmarks/kernels/check_hopper.py",
+            "benchmarks/kernels/benchmark_rope_norm.py",
+            "tests/benchmarks/test_benchmark_utils.py",
+        ),
+    ),
+    Step(
+        "hpc-decode-tests-and-benchmarks",
+        "[Kernel] _hpc_C decode: reference, planner and kernel tests, "
+        "benchmark and calibration",
+        "The checks of the split-KV paged decode kernel and its planner: a "
+        "PyTorch reference, CPU tests of the plan and the ops, GPU tests "
+        "against the reference, a compute-sanitizer driver, the decode "
+        "benchmark, its profiler and the split calibration.",
+        (
+            "tests/kernels/hpc/*decode*",
+            "benchmarks/kernels/*decode*",
+            "tests/benchmarks/*decode*",
+        ),
+    ),
+    Step(
+        "hpc-prefill-tests-and-benchmarks",
+        "[Kernel] _hpc_C prefill: reference, kernel tests and benchmark",
+        "The checks of the paged prefill kernel: a PyTorch reference, CPU "
+        "tests of the ops, GPU tests, a compute-sanitizer driver, the prefill "
+        "benchmark and its profiler.",
+        (
+            "tests/kernels/hpc/*prefill*",
+            "benchmarks/kernels/*prefill*",
+        ),
+    ),
+    Step(
+        "hpc-attn-backend",
+        "[Attention] HPC_ATTN backend on the _hpc_C kernels",
+        "The HPC_ATTN attention backend (vllm/v1/attention/backends/"
+        "hpc_attn.py), the registry's description of what it supports, its "
+        "CPU and GPU tests and the prologue layer's tests, which check the "
+        "backend's metadata.",
+        (
+            "vllm/v1/attention/backends/*",
+            "tests/v1/attention/conftest.py",
+            "tests/v1/attention/test_hpc_attn_backend*",
+            "tests/model_executor/layers/test_hpc_rope_norm_layer.py",
+        ),
+    ),
+    Step(
+        "hpc-fp8-moe-experts",
+        "[MoE] HPCExperts: the FP8 MoE backend on the _hpc_C kernel",
+        "HPCExperts (vllm/model_executor/layers/fused_moe/hpc_moe.py), the "
+        "modular experts that vLLM's FP8 oracle selects for --moe-backend "
+        "hpc, with the MoE reference, CPU and GPU tests, the oracle test, a "
+        "compute-sanitizer driver and the MoE benchmark.",
+        (
+            "vllm/model_executor/layers/fused_moe/*",
+            "tests/kernels/hpc/*moe*",
+            "tests/kernels/moe/*",
+            "benchmarks/kernels/*moe*",
+            "tests/benchmarks/*moe*",
+        ),
+    ),
+    Step(
+        "cuda-rope-kvcache-fusion-passes",
+        "[Compile] RoPE + KV-cache fusion passes on CUDA",
+        "Lets PassConfig keep fuse_rope_kvcache and fuse_qk_norm_rope_kvcache "
+        "on CUDA (the passes fuse only the layers whose attention "
+        "implementation supports it, HPC_ATTN's) and registers the FP8-query "
+        "pattern only on ROCm, which alone has its op; with the fusion tests "
+        "and the end-to-end benchmark, which turns the fusion on.",
+        (
+            "vllm/config/compilation.py",
+            "vllm/compilation/*",
+            "tests/v1/attention/test_hpc_fusion_passes.py",
+            "benchmarks/benchmark_e2e.py",
+            "tests/benchmarks/test_benchmark_e2e.py",
+        ),
+    ),
+)
+
+
+@dataclass(frozen=True)
+class SeriesPatch:
+    step: Step
+    files: tuple[str, ...]  # the files the step adds or changes, all of them
+    text: str  # header and diff
+
+
+def assign_steps(paths: list[str]) -> list[list[str]]:
+    """``paths`` split over SERIES by its globs, one list per step."""
+    groups: list[list[str]] = [[] for _ in SERIES]
+    unclaimed, twice = [], []
+    for rel in sorted(paths):
+        claims = [
+            i
+            for i, step in enumerate(SERIES)
+            if any(fnmatch.fnmatchcase(rel, glob) for glob in step.paths)
+        ]
+        if not claims:
+            unclaimed.append(rel)
+        elif len(claims) > 1:
+            twice.append(f"{rel} ({', '.join(SERIES[i].slug for i in claims)})")
+        else:
+            groups[claims[0]].append(rel)
+    if unclaimed or twice:
+        raise PatchSetError(
+            "the series table (SERIES) does not assign every file to one step: "
+            + "; ".join(
+                [f"no step claims {rel}" for rel in unclaimed]
+                + [f"more than one step claims {what}" for what in twice]
+            )
+        )
+    if empty := [
+        step.slug for step, files in zip(SERIES, groups, strict=True) if not files
+    ]:
+        raise PatchSetError(f"series step(s) with no files: {', '.join(empty)}")
+    return groups
+
+
+def _series_header(number: int, step: Step, chunks: list[str]) -> str:
+    """A ``git format-patch``-like header; ``git apply`` skips it, as it
+    skips everything before the first ``diff --git`` line."""
+    added = removed = 0
+    for chunk in chunks:
+        for line in chunk.splitlines():
+            if line.startswith("+") and not line.startswith("+++ "):
+                added += 1
+            elif line.startswith("-") and not line.startswith("--- "):
+                removed += 1
+    about = textwrap.fill(step.about, 72)
+    return (
+        f"Subject: [PATCH {number}/{len(SERIES)}] {step.title}\n\n{about}\n\n---\n"
+        f" {len(chunks)} files changed, {added} insertions(+), "
+        f"{removed} deletions(-)\n\n"
+    )
+
+
+def series(layout: Layout) -> list[SeriesPatch]:
+    """The change as SERIES' patches, each applying on the ones before.
+
+    A file arrives whole in its step, except the generated CMake fragment:
+    at each step it lists the kernel sources present then, so it is
+    rewritten in any later step that adds sources.
+    """
+    changes = _changes(layout)
+    groups = assign_steps([*layout.files, *layout.edits])
+    present: list[str] = []
+    fragment = changes[CMAKE_FRAGMENT][0] if CMAKE_FRAGMENT in changes else None
+    patches = []
+    for number, (step, files) in enumerate(zip(SERIES, groups, strict=True), 1):
+        present += files
+        chunks = [
+            _unified(*changes[rel][:2], layout.repo_path(rel), changes[rel][2])
+            for rel in files
+            if rel in changes and rel != CMAKE_FRAGMENT
+        ]
+        sources = kernel_sources(present)
+        if CMAKE_FRAGMENT in present:
+            text = vllm_cmake_fragment(layout.template, sources)
+            if text != fragment:
+                chunks.append(_unified(fragment, text, CMAKE_FRAGMENT, "100644"))
+                fragment = text
+        elif sources:
+            raise PatchSetError(
+                f"series step {step.slug} adds kernel sources before "
+                f"{CMAKE_FRAGMENT}, which builds them"
+            )
+        chunks = sorted(filter(None, chunks), key=lambda c: c.split(" ", 3)[2])
+        text = _series_header(number, step, chunks) + "".join(chunks)
+        patches.append(SeriesPatch(step, tuple(files), text))
+    return patches
+
+
+def write_series(layout: Layout, outdir: Path) -> None:
+    """Writes SERIES' patches as ``NNNN-<slug>.patch`` into ``outdir``."""
+    if not layout.source:
+        raise PatchSetError("--series needs --vllm-src")
+    patches = series(layout)
+    if outdir.exists() and any(outdir.glob("*.patch")):
+        raise PatchSetError(f"{outdir} already holds patches; not mixing series")
+    outdir.mkdir(parents=True, exist_ok=True)
+    for number, patch in enumerate(patches, 1):
+        path = outdir / f"{number:04d}-{patch.step.slug}.patch"
+        path.write_text(patch.text)
+        print(path)
+    print(f"wrote {len(patches)} patches to {outdir}")
 
 
 # --- command line ---------------------------------------------------------
@@ -929,6 +1198,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     action.add_argument(
         "--diff", action="store_true", help="print the patch set as a unified diff"
+    )
+    action.add_argument(
+        "--series",
+        type=Path,
+        metavar="OUTDIR",
+        help="write the change as numbered patches into OUTDIR (--vllm-src)",
     )
     how = parser.add_mutually_exclusive_group()
     how.add_argument(
@@ -971,6 +1246,8 @@ def main(argv: list[str] | None = None) -> int:
             revert(layout, args.verbose)
         elif args.diff:
             sys.stdout.write(diff(layout))
+        elif args.series is not None:
+            write_series(layout, args.series.resolve())
         else:
             apply(
                 layout, args.mode or ("copy" if layout.source else "link"), args.verbose

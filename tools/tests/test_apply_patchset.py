@@ -805,6 +805,152 @@ def test_vllm_files_are_wired_without_markers(pristine: Path) -> None:
         assert (root / rel).is_file()
 
 
+# --- the change as a series of patches ------------------------------------
+
+
+def test_series_table_assigns_each_file_once(tmp_path: Path) -> None:
+    layout = tool.source_layout(_fake_checkout(tmp_path / "src"), REPO_ROOT)
+    paths = [*layout.files, *layout.edits]
+    groups = tool.assign_steps(paths)
+    assert sorted(rel for group in groups for rel in group) == sorted(paths)
+    assert all(groups)
+    with pytest.raises(tool.PatchSetError, match="no step claims tests/new.py"):
+        tool.assign_steps([*paths, "tests/new.py"])
+    # "*decode*" and "*prefill*" both claim a file named after both
+    both = "tests/kernels/hpc/test_decode_prefill.py"
+    with pytest.raises(tool.PatchSetError, match="more than one step claims"):
+        tool.assign_steps([*paths, both])
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules a Python file imports when run, candidates for a name
+    imported from a module included; ``if TYPE_CHECKING:`` blocks left out."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith(
+            "TYPE_CHECKING"
+        ):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def _module_files(module: str, where: Path) -> list[str]:
+    """Where ``module`` would be as a file of the change, relative to the
+    checkout: under its root, or (a bare name) beside the importing file or
+    the benchmark scripts, whose directories the benchmarks and their tests
+    put on sys.path. The change adds no package of its own."""
+    as_path = module.replace(".", "/")
+    bases = [""] if "." in module else ["", "benchmarks/", f"{BENCHMARKS}/"]
+    bases += [f"{where.as_posix()}/"] if "." not in module else []
+    return [f"{base}{as_path}.py" for base in bases]
+
+
+BENCHMARKS = tool.BENCHMARKS
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_BOXED = re.compile(r"TORCH_BOX\(&hpc::(\w+)\)")
+
+
+def _check_step(root: Path, present: list[str], step: list[str]) -> None:
+    """What can be checked of a step without building it."""
+    everything = set(tool.source_layout(root, REPO_ROOT).files)
+    ours = [rel for rel in present if (root / rel).is_file()]
+    assert sorted(ours) == sorted(present)
+
+    # its Python files compile, and import nothing of a later step
+    later = everything - set(present)
+    for rel in step:
+        if rel.endswith(".py"):
+            compile((root / rel).read_text(), rel, "exec", dont_inherit=True)
+    for rel in present:
+        if not rel.endswith(".py"):
+            continue
+        for module in _runtime_imports(root / rel):
+            hits = later.intersection(_module_files(module, Path(rel).parent))
+            assert not hits, f"{rel} imports {module}, added later ({hits})"
+
+    # the CMake fragment lists exactly the kernel sources present
+    kernels = [rel for rel in present if rel.startswith("csrc/hpc/")]
+    fragment = root / tool.CMAKE_FRAGMENT
+    if not kernels:
+        assert not fragment.exists()
+        return
+    listed = re.findall(r'^\s*"(csrc/hpc/[^"]+)"', fragment.read_text(), re.M)
+    assert listed == tool.kernel_sources(present)
+    for rel in listed:
+        assert (root / rel).is_file(), rel
+
+    # every header of the change a kernel file includes is there
+    for rel in kernels:
+        for name in _INCLUDE.findall((root / rel).read_text()):
+            candidates = {
+                (Path(rel).parent / name).as_posix(),
+                f"csrc/hpc/{name}",
+            }
+            wanted = candidates & everything
+            assert not wanted or wanted & set(present), f"{rel} includes {name}"
+
+    # and every op the library registers is defined in its sources: the
+    # shared object would not load with one missing
+    units = [
+        (root / rel).read_text()
+        for rel in tool.kernel_sources(present)
+        if not rel.endswith("torch_bindings.cpp")
+    ]
+    bindings = (root / "csrc/hpc/torch_bindings.cpp").read_text()
+    for op in sorted(set(_BOXED.findall(bindings))):
+        definition = re.compile(rf"^[\w:<>, ]+[ &*]{op}\(", re.M)
+        assert any(definition.search(text) for text in units), op
+
+
+def test_series_applies_step_by_step(pristine: Path, tmp_path: Path) -> None:
+    """Each patch of ``--series`` applies with ``git apply`` on the ones
+    before it, each step is consistent as far as can be told without a
+    build, and the last step's tree is what ``--vllm-src`` writes."""
+    root = pristine
+    out = tmp_path / "series"
+    result = _src_cli(root, "--series", str(out))
+    assert result.returncode == 0, result.stderr
+    assert _git(root, "status", "--porcelain") == ""
+    patches = sorted(out.glob("*.patch"))
+    names = [f"{i:04d}-{step.slug}.patch" for i, step in enumerate(tool.SERIES, 1)]
+    assert [p.name for p in patches] == names
+    # a second run does not mix its patches with these
+    again = _src_cli(root, "--series", str(out))
+    assert again.returncode == 1 and "already holds patches" in again.stderr
+
+    steps = [p.files for p in tool.series(tool.source_layout(root, REPO_ROOT))]
+    present: list[str] = []
+    for number, (patch, files) in enumerate(zip(patches, steps, strict=True), 1):
+        header = patch.read_text().split("\ndiff --git ", 1)[0]
+        assert header.startswith(f"Subject: [PATCH {number}/{len(patches)}] ")
+        _git(root, "apply", "--check", str(patch))
+        _git(root, "apply", str(patch))
+        present += files
+        _check_step(root, present, list(files))
+    _git(root, "add", "-A")
+    stepped = _git(root, "write-tree").strip()
+    _git(root, "reset", "-q", "--hard")
+    _git(root, "clean", "-fdxq")
+
+    assert _src_cli(root).returncode == 0
+    _git(root, "add", "-A")
+    assert _git(root, "write-tree").strip() == stepped
+    _git(root, "reset", "-q")
+    assert _src_cli(root, "--revert").returncode == 0
+
+
 def test_package_edits_in_vllm_sources(pristine: Path) -> None:
     root = pristine
     for r in tool.PACKAGE_EDITS:
