@@ -22,9 +22,10 @@ SDIST_HINT = (
 
 
 @functools.cache
-def load_tool() -> ModuleType:
-    """``tools/apply_patchset.py`` as the module ``apply_patchset``."""
-    spec = importlib.util.spec_from_file_location("apply_patchset", TOOL_PATH)
+def load_tool(name: str = "apply_patchset") -> ModuleType:
+    """``tools/<name>.py`` as the module ``name``."""
+    path = REPO_ROOT / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

@@ -5,29 +5,13 @@ built library."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TOOL_PATH = REPO_ROOT / "tools" / "check_torch_abi.py"
+from patchset_tool import load_tool
 
 audit = pytest.importorskip("torch_abi_audit")
-
-
-def _load_tool() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_torch_abi", TOOL_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-tool = _load_tool()
+tool = load_tool("check_torch_abi")
 
 STABLE = ["aoti_torch_get_sizes", "torch_library_impl", "cudaLaunchKernel"]
 UNSTABLE = [*STABLE, *(f"c10::detail::f{i}()" for i in range(12))]
