@@ -20,7 +20,10 @@ import sys
 import urllib.request
 from pathlib import Path
 
-FILENAME = "vllm-0.33.0.tar.gz"
+from apply_patchset import BASE_VERSION
+
+FILENAME = f"vllm-{BASE_VERSION}.tar.gz"
+# The published digest of that archive (PyPI); a new base version needs its own.
 SHA256 = "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112"
 INDEX = "https://pypi.org/simple/vllm/"
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "build" / "vllm-sdist"
