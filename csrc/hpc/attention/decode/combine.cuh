@@ -253,20 +253,18 @@ constexpr int kFewPieces = 16;
 // unit's last piece merges all of them (threadfence-reduction pattern: the
 // per-unit counter is reset by the merging CTA, ready for the next launch).
 // Called by the kThreads threads of named barrier `barrier` (whole warps;
-// this one is `thread` among them); `last_piece` is shared memory.
+// this one is `thread` among them); `row_stats` is shared memory
+// (merge_split_unit).
 template <int kThreads>
 __device__ __forceinline__ void combine_if_last(const DecodeParams& p,
                                                 const WorkItem& item,
-                                                int head_dim, int* last_piece,
-                                                float* row_stats, int barrier,
-                                                int thread) {
+                                                int head_dim, float* row_stats,
+                                                int barrier, int thread) {
   __threadfence();
   named_barrier_sync(barrier, kThreads);
-  if (thread == 0) {
-    *last_piece = atomicAdd(&p.piece_counters[item.unit], 1) == item.pieces - 1;
-  }
-  named_barrier_sync(barrier, kThreads);
-  if (*last_piece) {
+  const bool last = thread == 0 && atomicAdd(&p.piece_counters[item.unit], 1) ==
+                                       item.pieces - 1;
+  if (named_barrier_sync_or(barrier, kThreads, last)) {
     __threadfence();
     if (item.pieces <= kFewPieces) {
       // Few pieces: every thread takes (row, channel) elements of all rows.

@@ -458,7 +458,7 @@ template <int kHeadDim, typename KvT, int kTokenGroups, int kStages,
           int kMergeRegs>
 __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
                               uint64_t* full, uint64_t* empty, float* scratch,
-                              int* last_piece, float* row_stats) {
+                              float* row_stats) {
   constexpr int kKvBytes = sizeof(KvT);
   constexpr bool kBf16Mma = std::is_same_v<KvT, __nv_bfloat16>;
   using Layout = TileLayout<kHeadDim, kKvBytes>;
@@ -651,9 +651,8 @@ __device__ void consume_tiles(const DecodeParams& p, const uint8_t* stages,
       }
     }
     if (item.pieces > 1) {
-      combine_if_last<kConsumerWarps * 32>(p, item, kHeadDim, last_piece,
-                                           row_stats, kCombineBarrier,
-                                           threadIdx.x);
+      combine_if_last<kConsumerWarps * 32>(p, item, kHeadDim, row_stats,
+                                           kCombineBarrier, threadIdx.x);
     }
   }
 }
@@ -678,7 +677,6 @@ __global__ void __launch_bounds__(kDecodeThreads,
       reinterpret_cast<float*>(stages + kStages * Smem::Layout::kStageBytes);
   __shared__ uint64_t full[kStages];
   __shared__ uint64_t empty[kStages];
-  __shared__ int last_piece;
   __shared__ float row_stats[2 * kMaxRows];
 
   const int warp = threadIdx.x / 32;
@@ -708,7 +706,7 @@ __global__ void __launch_bounds__(kDecodeThreads,
                                                   full, empty);
   } else {
     consume_tiles<kHeadDim, KvT, kTokenGroups, kStages, Smem::kMergeRegs>(
-        p, stages, full, empty, scratch, &last_piece, row_stats);
+        p, stages, full, empty, scratch, row_stats);
   }
 }
 

@@ -43,7 +43,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(decode_smem_raw) + 1023) & ~uintptr_t(1023));
   __shared__ DecodeBarriers<Config> bar;
-  __shared__ int last_piece;
   __shared__ float row_stats[2 * kMaxRows];
   constexpr int kConsumers =
       static_cast<int>(attention::DecodeBarrier::kConsumers);
@@ -103,8 +102,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, 1)
     store_item<Config>(p, item, g, smem, acc_o, softmax, parity);
     if (item.pieces > 1) {
       combine_if_last<kWgmmaConsumerThreads>(p, item, Config::kHeadDim,
-                                             &last_piece, row_stats, kConsumers,
-                                             thread);
+                                             row_stats, kConsumers, thread);
     }
     it += item.tile_end - item.tile_begin;
   }
