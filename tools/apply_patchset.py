@@ -18,8 +18,10 @@ instead, as a pull request would carry it: the ``vllm/`` files, the kernels
 ``cmake/hpc_extension.vllm.cmake.in`` with the kernel sources listed),
 its wiring into CMakeLists.txt and setup.py, the attention registry's
 description of the backend, the tests (``tests/``, at the same paths), the
-kernel benchmarks and the end-to-end benchmark. Outside ``vllm/`` the change
-only adds files: it refuses to overwrite one the checkout has.
+kernel benchmarks and the end-to-end benchmark, and HPC_ATTN in vLLM's
+backend-correctness test (``SOURCE_EDITS``: exact text replaced, as in
+``PACKAGE_EDITS``). Outside ``vllm/`` the change otherwise only adds files: it
+refuses to overwrite one the checkout has.
 
     python tools/apply_patchset.py                       # apply (links)
     python tools/apply_patchset.py --check               # exit 0 when all good
@@ -189,24 +191,33 @@ class Edit:
 @dataclass(frozen=True)
 class Replace:
     """An exact replacement in an upstream file: ``old``, vLLM 0.33.0's
-    text, must occur in it once. The first line of ``new`` is not in
-    ``old`` and serves as the edit's sign."""
+    text, must occur in it once. The first line of ``new`` that ``old``
+    does not have serves as the edit's sign."""
 
-    rel: str  # path below the vllm package
+    rel: str  # path below ``base``
     what: str
     old: str
     new: str
+    base: str = "vllm/"  # where ``rel`` starts, in a vLLM checkout
+
+    @property
+    def path(self) -> str:
+        """The file's path in a vLLM checkout."""
+        return self.base + self.rel
 
     @property
     def sign(self) -> str:
-        return self.new.splitlines(keepends=True)[0]
+        before = set(self.old.splitlines(keepends=True))
+        return next(
+            line for line in self.new.splitlines(keepends=True) if line not in before
+        )
 
     def __call__(self, text: str) -> str:
         found = text.count(self.old)
         if found != 1:
             where = "not found" if found == 0 else f"found {found} times"
             raise PatchSetError(
-                f"vllm/{self.rel}: the vLLM {BASE_VERSION} text of {self.what} "
+                f"{self.path}: the vLLM {BASE_VERSION} text of {self.what} "
                 f"is {where}; refusing to edit it"
             )
         return text.replace(self.old, self.new)
@@ -347,9 +358,31 @@ def source_layout(src: Path, tree: Path) -> Layout:
         CMAKE_FRAGMENT: Edit(lambda _: fragment, fragment.splitlines()[1] + "\n"),
         REGISTRY: Edit(_upstream(describe_backend, REGISTRY), REGISTRY_SIGN),
         **package_edits("vllm/"),
+        **source_edits(),
     }
     new_only = frozenset(rel for rel in files if not rel.startswith("vllm/"))
     return Layout(src, src / "vllm", "", files, edits, True, new_only, template)
+
+
+def source_edits() -> dict[str, Edit]:
+    """SOURCE_EDITS as one edit per file, its replacements made in order;
+    the first one's sign is the file's."""
+    by_file: dict[str, list[Replace]] = {}
+    for r in SOURCE_EDITS:
+        by_file.setdefault(r.path, []).append(r)
+
+    def chain(replaces: list[Replace]) -> Callable[[str], str]:
+        def edit(text: str) -> str:
+            for r in replaces:
+                text = r(text)
+            return text
+
+        return edit
+
+    return {
+        rel: Edit(_upstream(chain(replaces), rel), replaces[0].sign)
+        for rel, replaces in by_file.items()
+    }
 
 
 def _upstream(edit: Callable[[str], str], rel: str) -> Callable[[str | None], str]:
@@ -503,6 +536,182 @@ PACKAGE_EDITS: tuple[Replace, ...] = (
         QUANT_FORMS_OLD,
         QUANT_FORMS_NEW,
     ),
+)
+
+
+# vLLM's generic backend-correctness test gets HPC_ATTN in its backend lists,
+# as a PR adding a backend does. The backends of one list are compared in one
+# test case, so a backend that refuses the case's configuration through its
+# selection hooks (validate_configuration: compute capability, attention
+# type, non-causal attention, ...) is left out of that comparison and named
+# with its reasons: as a warning when others were compared, as the case's
+# skip reason when none was. HPC_ATTN joins the causal and the decoder
+# sliding-window lists, not the non-causal one, which it refuses throughout.
+BACKEND_TESTS = "tests/v1/attention/test_attention_backends.py"
+BACKEND_LIST_OLD = """\
+BACKENDS_TO_TEST = [
+    AttentionBackendEnum.FLASH_ATTN,
+    AttentionBackendEnum.FLASHINFER,
+    AttentionBackendEnum.FLEX_ATTENTION,
+    AttentionBackendEnum.TRITON_ATTN,
+    "FLEX_ATTENTION_SLOW",
+]
+"""
+BACKEND_LIST_NEW = """\
+BACKENDS_TO_TEST = [
+    AttentionBackendEnum.FLASH_ATTN,
+    AttentionBackendEnum.FLASHINFER,
+    AttentionBackendEnum.FLEX_ATTENTION,
+    AttentionBackendEnum.TRITON_ATTN,
+    AttentionBackendEnum.HPC_ATTN,
+    "FLEX_ATTENTION_SLOW",
+]
+"""
+WINDOW_LIST_OLD = """\
+else:
+    SLIDING_WINDOW_BACKENDS_TO_TEST = [
+        AttentionBackendEnum.FLASH_ATTN,
+        AttentionBackendEnum.FLEX_ATTENTION,
+        AttentionBackendEnum.TRITON_ATTN,
+        "FLEX_ATTENTION_SLOW",
+    ]
+"""
+WINDOW_LIST_NEW = """\
+else:
+    SLIDING_WINDOW_BACKENDS_TO_TEST = [
+        AttentionBackendEnum.FLASH_ATTN,
+        AttentionBackendEnum.FLEX_ATTENTION,
+        AttentionBackendEnum.TRITON_ATTN,
+        AttentionBackendEnum.HPC_ATTN,
+        "FLEX_ATTENTION_SLOW",
+    ]
+"""
+STDLIB_IMPORTS_OLD = """\
+from dataclasses import replace
+from functools import partial
+"""
+STDLIB_IMPORTS_NEW = """\
+import warnings
+from dataclasses import replace
+from functools import partial
+"""
+SELECTOR_IMPORT_OLD = """\
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.kv_cache_interface import (
+"""
+SELECTOR_IMPORT_NEW = """\
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.selector import AttentionSelectorConfig
+from vllm.v1.kv_cache_interface import (
+"""
+REFUSALS_OLD = """\
+    return output
+
+
+def _test_backend_correctness(
+"""
+REFUSALS_NEW = '''\
+    return output
+
+
+def _selection_refusals(
+    backend: AttentionBackendEnum | str,
+    vllm_config,
+    attn_type: AttentionType,
+    causal: bool,
+    use_sinks: bool,
+) -> list[str]:
+    """Why the attention selector would not pick ``backend`` for the test's
+    configuration, in the backend's own words; empty when it would (or when
+    the platform has no device capability to select by)."""
+    device_capability = current_platform.get_device_capability()
+    if device_capability is None:
+        return []
+    model_config = vllm_config.model_config
+    selector_config = AttentionSelectorConfig(
+        head_size=model_config.get_head_size(),
+        dtype=_convert_dtype_to_torch(model_config.dtype),
+        kv_cache_dtype=vllm_config.cache_config.cache_dtype,
+        block_size=vllm_config.cache_config.block_size,
+        has_sink=use_sinks,
+        attn_type=attn_type,
+        has_sliding_window=model_config.get_sliding_window() is not None,
+        use_non_causal=not causal and attn_type == AttentionType.DECODER,
+    )
+    backend_cls = _actual_backend(backend).get_class()
+    # Some backends read the model's head counts off the current config.
+    with set_current_vllm_config(vllm_config):
+        return backend_cls.validate_configuration(
+            device_capability=device_capability, **selector_config._asdict()
+        )
+
+
+def _test_backend_correctness(
+'''
+COMPARE_OLD = """\
+    for backend_name in backend_to_test:
+        backend_cls = _actual_backend(backend_name).get_class()
+
+        if is_quantized_kv_cache(kv_cache_dtype) and (
+            not backend_cls.supports_kv_cache_dtype(kv_cache_dtype)
+        ):
+            continue
+"""
+COMPARE_NEW = """\
+    refused: dict[str, list[str]] = {}
+    for backend_name in backend_to_test:
+        backend_cls = _actual_backend(backend_name).get_class()
+
+        if is_quantized_kv_cache(kv_cache_dtype) and (
+            not backend_cls.supports_kv_cache_dtype(kv_cache_dtype)
+        ):
+            continue
+        # A backend is compared only on configurations it accepts at selection.
+        reasons = _selection_refusals(
+            backend_name, vllm_config, attn_type, causal, use_sinks
+        )
+        if reasons:
+            refused[str(backend_name)] = reasons
+            continue
+"""
+REPORT_OLD = """\
+            msg=partial(error_msg, backend_name=backend_name),
+        )
+
+
+@pytest.mark.parametrize("layout", ["BLHNC", "BHLNC"])
+"""
+REPORT_NEW = """\
+            msg=partial(error_msg, backend_name=backend_name),
+        )
+
+    if refused:
+        reasons = "; ".join(
+            f"{name}: {', '.join(why)}" for name, why in refused.items()
+        )
+        if len(refused) == len(backend_to_test):
+            pytest.skip(f"Refused at backend selection: {reasons}")
+        warnings.warn(
+            f"Not compared, refused at backend selection: {reasons}", stacklevel=2
+        )
+
+
+@pytest.mark.parametrize("layout", ["BLHNC", "BHLNC"])
+"""
+
+# Exact replacements in vLLM's files outside the vllm package (checkouts
+# only), by path in the checkout. The first of a file signs its edit.
+SOURCE_EDITS: tuple[Replace, ...] = tuple(
+    Replace(BACKEND_TESTS, what, old, new, base="")
+    for what, old, new in (
+        ("the BACKENDS_TO_TEST list", BACKEND_LIST_OLD, BACKEND_LIST_NEW),
+        ("its standard-library imports", STDLIB_IMPORTS_OLD, STDLIB_IMPORTS_NEW),
+        ("its attention registry import", SELECTOR_IMPORT_OLD, SELECTOR_IMPORT_NEW),
+        ("the end of run_attention_backend", REFUSALS_OLD, REFUSALS_NEW),
+        ("the loop of _test_backend_correctness", COMPARE_OLD, COMPARE_NEW),
+        ("the end of _test_backend_correctness", REPORT_OLD, REPORT_NEW),
+        ("the CUDA sliding-window backend list", WINDOW_LIST_OLD, WINDOW_LIST_NEW),
+    )
 )
 
 
@@ -1019,9 +1228,12 @@ SERIES: tuple[Step, ...] = (
         "The HPC_ATTN attention backend (vllm/v1/attention/backends/"
         "hpc_attn.py), the registry's description of what it supports, its "
         "CPU and GPU tests and the prologue layer's tests, which check the "
-        "backend's metadata.",
+        "backend's metadata. vLLM's backend-correctness test compares it "
+        "with the other backends on the causal and sliding-window cases, "
+        "each backend only on what it accepts at selection.",
         (
             "vllm/v1/attention/backends/*",
+            BACKEND_TESTS,
             "tests/v1/attention/conftest.py",
             "tests/v1/attention/test_hpc_attn_backend*",
             "tests/model_executor/layers/test_hpc_rope_norm_layer.py",

@@ -177,6 +177,10 @@ def src(tmp_path: Path, installed: Path, tree: Path) -> Path:
     _copy_upstream(installed, root / "vllm", _needed(installed, tree))
     (root / "setup.py").write_text(FAKE_SETUP)
     (root / "CMakeLists.txt").write_text(FAKE_CMAKE)
+    # vLLM's backend test, as far as the edits of it need: each text once.
+    backend_tests = root / tool.BACKEND_TESTS
+    backend_tests.parent.mkdir(parents=True)
+    backend_tests.write_text("\n\n".join(r.old for r in tool.SOURCE_EDITS))
     return root
 
 
@@ -616,6 +620,26 @@ def test_package_edit_signs_are_new_lines(installed: Path, tmp_path: Path) -> No
         assert r.sign.strip()
 
 
+def test_replace_sign_is_the_first_new_line() -> None:
+    r = tool.Replace(
+        "x.py", "a list", "L = [\n    A,\n]\n", "L = [\n    A,\n    B,\n]\n"
+    )
+    assert r.sign == "    B,\n"
+    assert r.path == "vllm/x.py"
+    assert tool.Replace("t/x.py", "w", "a\n", "b\n", base="").path == "t/x.py"
+
+
+def test_source_edit_without_its_text_is_refused(tree: Path, src: Path, capsys) -> None:
+    path = src / tool.BACKEND_TESTS
+    path.write_text(path.read_text().replace("AttentionBackendEnum.TRITON_ATTN", "X"))
+    before = snapshot(src)
+    assert run("--tree", tree, "--vllm-src", src) == 1
+    err = capsys.readouterr().err
+    assert f"{tool.BACKEND_TESTS}: the vLLM 0.33.0 text of the " in err
+    assert "is not found; refusing" in err
+    assert snapshot(src) == before
+
+
 # --- the whole PR against the real tree ----------------------------------
 
 
@@ -814,6 +838,9 @@ def test_series_table_assigns_each_file_once(tmp_path: Path) -> None:
     groups = tool.assign_steps(paths)
     assert sorted(rel for group in groups for rel in group) == sorted(paths)
     assert all(groups)
+    # vLLM's backend test gets HPC_ATTN with the backend
+    slugs = [step.slug for step in tool.SERIES]
+    assert tool.BACKEND_TESTS in groups[slugs.index("hpc-attn-backend")]
     with pytest.raises(tool.PatchSetError, match="no step claims tests/new.py"):
         tool.assign_steps([*paths, "tests/new.py"])
     # "*decode*" and "*prefill*" both claim a file named after both
@@ -971,6 +998,148 @@ def test_package_edits_in_vllm_sources(pristine: Path) -> None:
         assert f"applied as edit  vllm/{rel}\n" in result.stdout
     assert _src_cli(root, "--revert").returncode == 0
     assert _git(root, "status", "--porcelain") == ""
+
+
+# --- vLLM's backend-correctness test, edited ------------------------------
+
+# The shape of Qwen/Qwen3-0.6B, the model of vLLM's causal backend test
+# (a config.json only: nothing is downloaded or loaded).
+QWEN3_SHAPE = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 40960,
+    "num_attention_heads": 16,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 151936,
+}
+
+
+def _backend_lists(text: str) -> dict[tuple[str, int], list[str]]:
+    """Each list literal assigned to a ``*BACKENDS_TO_TEST`` name, by name and
+    line, as the names of its members (``AttentionBackendEnum.X`` -> X)."""
+    found: dict[tuple[str, int], list[str]] = {}
+    for node in ast.walk(ast.parse(text)):
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.List)
+            and len(node.targets) == 1
+            and isinstance(target := node.targets[0], ast.Name)
+            and target.id.endswith("BACKENDS_TO_TEST")
+        ):
+            found[target.id, node.lineno] = [
+                element.attr if isinstance(element, ast.Attribute) else "?"
+                for element in node.value.elts
+                if not isinstance(element, ast.Constant)
+            ]
+    return found
+
+
+def test_backend_tests_edit_in_vllm_sources(pristine: Path) -> None:
+    """The edit applies to vLLM's file, puts HPC_ATTN in the causal list and
+    the CUDA sliding-window list and changes no other list."""
+    root = pristine
+    upstream = (root / tool.BACKEND_TESTS).read_text()
+    for r in tool.SOURCE_EDITS:
+        assert r.path == tool.BACKEND_TESTS
+        assert upstream.count(r.old) == 1, r.what
+        assert r.sign not in upstream.splitlines(keepends=True), r.what
+    assert _src_cli(root).returncode == 0
+    edited = (root / tool.BACKEND_TESTS).read_text()
+    assert edited == tool.source_edits()[tool.BACKEND_TESTS].make(upstream)
+
+    before, after = _backend_lists(upstream), _backend_lists(edited)
+    assert [name for name, _ in before] == [name for name, _ in after]
+    got: dict[str, list[bool]] = {}
+    for (name, _), old, new in zip(
+        before, before.values(), after.values(), strict=True
+    ):
+        assert "HPC_ATTN" not in old
+        assert [b for b in new if b != "HPC_ATTN"] == old, name
+        got.setdefault(name, []).append("HPC_ATTN" in new)
+    # the CUDA sliding-window list is the second (the first is ROCm's)
+    assert got == {
+        "BACKENDS_TO_TEST": [True],
+        "SLIDING_WINDOW_BACKENDS_TO_TEST": [False, True],
+        "NON_CAUSAL_BACKENDS_TO_TEST": [False],
+    }
+
+    result = _src_cli(root, "--check")
+    assert f"applied as edit  {tool.BACKEND_TESTS}\n" in result.stdout
+    assert _src_cli(root, "--revert").returncode == 0
+    assert _git(root, "status", "--porcelain") == ""
+
+
+def test_edited_backend_tests_collect_and_refuse(
+    pristine: Path, tmp_path: Path
+) -> None:
+    """vLLM's edited test module, imported from the checkout with the patch
+    set applied: pytest collects it, and its backends are compared only
+    where their selection hooks accept the configuration, the others left
+    out with their reasons (see backend_tests_probe.py)."""
+    root = pristine
+    assert _src_cli(root).returncode == 0
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    collect = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "--noconftest"]
+        + ["-p", "no:cacheprovider", tool.BACKEND_TESTS],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert collect.returncode == 0, (collect.stdout + collect.stderr)[-4000:]
+    assert "test_causal_backend_correctness[" in collect.stdout
+    assert "test_sliding_window_backend_correctness[" in collect.stdout
+
+    models = []
+    for name, heads, kv_heads in (("qwen3", 16, 8), ("gqa32", 32, 1)):
+        (tmp_path / name).mkdir()
+        shape = {**QWEN3_SHAPE, "num_attention_heads": heads}
+        shape.update(num_key_value_heads=kv_heads, hidden_size=128 * heads)
+        (tmp_path / name / "config.json").write_text(json.dumps(shape))
+        models.append(str(tmp_path / name))
+    probe = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("backend_tests_probe.py"))]
+        + models,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert probe.returncode == 0, probe.stderr[-4000:]
+    found = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert found["lists"] == {
+        "BACKENDS_TO_TEST": True,
+        "SLIDING_WINDOW_BACKENDS_TO_TEST": True,
+        "SLIDING_WINDOW_ENCODER_BACKENDS_TO_TEST": True,
+        "NON_CAUSAL_BACKENDS_TO_TEST": False,
+    }
+    refusals = found["refusals"]
+    assert refusals["hopper-causal"] == []
+    assert refusals["hopper-non-causal"] == ["non-causal attention not supported"]
+    assert refusals["hopper-encoder"] == [
+        "attention type AttentionType.ENCODER_ONLY not supported"
+    ]
+    # the backend reads the model's heads off the current config
+    (gqa,) = refusals["hopper-gqa32"]
+    assert "GQA ratio 32" in gqa
+    assert refusals["ampere-causal"] == ["compute capability not supported"]
+    assert refusals["ampere-triton-encoder"] == []
+    assert found["skip"] == (
+        "Refused at backend selection: AttentionBackendEnum.HPC_ATTN: "
+        "compute capability not supported"
+    )
 
 
 def test_kernel_headers_win_over_vllms(vllm_checkout: Path) -> None:
