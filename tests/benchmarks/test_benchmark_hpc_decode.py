@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,14 @@ sys.path.insert(0, str(REPO_ROOT / "benchmarks" / "kernels"))
 import benchmark_hpc_decode as bench  # noqa: E402
 
 FA3_MODULE = "vllm.vllm_flash_attn"
+
+
+class Fa3Module(types.ModuleType):
+    """A stand-in for ``vllm.vllm_flash_attn`` with what the benchmark uses."""
+
+    flash_attn_varlen_func: Callable[..., Any]
+    fa_version_unsupported_reason: Callable[[int], str | None]
+    get_scheduler_metadata: Callable[..., torch.Tensor]
 
 
 def test_w1b_cases_are_w1_cases_by_name():
@@ -98,7 +107,7 @@ def test_fa3_skipped_with_reason_without_vllm_flash_attn(
 
 
 def test_fa3_not_missing_when_supported(monkeypatch: pytest.MonkeyPatch):
-    fake = types.ModuleType(FA3_MODULE)
+    fake = Fa3Module(FA3_MODULE)
     fake.flash_attn_varlen_func = lambda **kw: None
     fake.fa_version_unsupported_reason = lambda version: None
     monkeypatch.setitem(sys.modules, FA3_MODULE, fake)
@@ -118,7 +127,7 @@ class FakeFa3:
         self.fail_metadata = fail_metadata
 
     def module(self) -> types.ModuleType:
-        mod = types.ModuleType(FA3_MODULE)
+        mod = Fa3Module(FA3_MODULE)
         mod.get_scheduler_metadata = self.get_scheduler_metadata
         mod.flash_attn_varlen_func = self.flash_attn_varlen_func
         return mod
@@ -477,6 +486,8 @@ def test_w1b_wrong_layer_fails_the_chained_check(
     workspace two layers share) is caught by the chained graph's check."""
 
     class LaterLayersWrong(ExactHpc):
+        first: int | None = None
+
         def __call__(self, s: Any) -> torch.Tensor:
             out = super().__call__(s)
             if s.q.data_ptr() != self.first:
@@ -484,9 +495,7 @@ def test_w1b_wrong_layer_fails_the_chained_check(
             return out
 
     def make(case, layout, ops, mode):
-        impl = LaterLayersWrong(case, layout, mode)
-        impl.first = None
-        return impl
+        return LaterLayersWrong(case, layout, mode)
 
     monkeypatch.setattr(bench, "make_hpc", make)
     case = bench.Case("W1B", "tp8", False, (128,), 1)

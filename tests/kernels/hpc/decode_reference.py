@@ -346,7 +346,17 @@ class DecodeInputs(PagedInputs):
             "window": self.window,
         }
 
-    def op_args(self) -> tuple[torch.Tensor, ...]:
+    def op_args(
+        self,
+    ) -> tuple[
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+    ]:
+        """The op's positional arguments before the workspace."""
         return (
             self.q,
             self.key_cache,

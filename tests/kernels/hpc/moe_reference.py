@@ -502,7 +502,16 @@ class MoeInputs:
             "device": self.hidden_states.device,
         }
 
-    def op_args(self) -> tuple[torch.Tensor, ...]:
+    def op_args(
+        self,
+    ) -> tuple[
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+    ]:
         """The positional arguments before the workspace."""
         return (
             self.hidden_states,

@@ -173,7 +173,18 @@ class PrefillInputs(PagedInputs):
             "device": self.q.device,
         }
 
-    def op_args(self) -> tuple[torch.Tensor, ...]:
+    def op_args(
+        self,
+    ) -> tuple[
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+        torch.Tensor,
+    ]:
+        """The op's positional arguments before the workspace."""
         return (
             self.q,
             self.key_cache,

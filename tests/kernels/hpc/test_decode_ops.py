@@ -7,6 +7,7 @@ Inputs live on the meta device, so no GPU is needed."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from tests.kernels.hpc.utils import (
     import_attn_workspace,
     import_hpc_ops,
 )
+
+if TYPE_CHECKING:
+    from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace
 
 hpc_ops = import_hpc_ops()
 workspaces = import_attn_workspace()
@@ -29,7 +33,7 @@ META = torch.device("meta")
 BATCH, HQ, HKV, D, BS, BLOCKS = 4, 16, 2, 128, 16, 64
 
 
-def workspace(**overrides) -> workspaces.DecodeWorkspace:
+def workspace(**overrides) -> DecodeWorkspace:
     ws = workspaces.DecodeWorkspace(
         plan_buffer=torch.empty(
             hpc_ops.decode_plan_size(BATCH * HKV, 8), dtype=torch.int32, device=META

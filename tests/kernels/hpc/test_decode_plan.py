@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -34,8 +35,10 @@ pytestmark = pytest.mark.skipif(
 
 TILE = hpc_ops.DECODE_TILE_TOKENS
 
-
-SplitMode = hpc_ops.SplitMode
+if TYPE_CHECKING:
+    from vllm._hpc_ops import SplitMode
+else:
+    SplitMode = hpc_ops.SplitMode
 
 
 def plan_of(

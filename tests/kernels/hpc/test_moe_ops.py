@@ -22,6 +22,7 @@ import dataclasses
 import math
 import struct
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -43,6 +44,9 @@ from tests.kernels.hpc.moe_reference import (
     moe_workspace,
 )
 from tests.kernels.hpc.utils import import_hpc_ops
+
+if TYPE_CHECKING:
+    from vllm._hpc_ops import MoeTiling
 
 hpc_ops = import_hpc_ops()
 
@@ -738,7 +742,7 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
 def test_tiling_w3_choices() -> None:
     """What the H200 gets for the W3 cases the targets name."""
 
-    def tiling(config: str, tokens: int, block_wise: bool = False) -> hpc_ops.MoeTiling:
+    def tiling(config: str, tokens: int, block_wise: bool = False) -> MoeTiling:
         local, experts, topk, hidden, inter = W3_CONFIGS[config]
         return hpc_ops.moe_tiling(
             tokens, topk, local, experts, hidden, inter, H200_SMS, block_wise
@@ -974,8 +978,10 @@ def _loop_moe(inputs: MoeInputs) -> list[list[float]]:
     x = []
     for t, row in enumerate(hs):
         if fp8_in and block:
+            assert a1 is not None
             x.append([row[c] * a1[t][c // BLOCK] for c in range(hidden)])
         elif fp8_in:
+            assert inputs.a1_scale is not None
             s = inputs.a1_scale.reshape(()).item()
             x.append([v * s for v in row])
         elif block:
@@ -985,7 +991,8 @@ def _loop_moe(inputs: MoeInputs) -> list[list[float]]:
                 xr += [_quant(v, s) for v in row[c0 : c0 + BLOCK]]
             x.append(xr)
         else:
-            s = inputs.a1_scale.reshape(()).item() if a1 is not None else None
+            a1_scale = inputs.a1_scale
+            s = a1_scale.reshape(()).item() if a1_scale is not None else None
             s = _dynamic_scale(row) if s is None else s
             x.append([_quant(v, s) for v in row])
 
@@ -1180,12 +1187,14 @@ def test_inputs_layout() -> None:
     inputs = make_moe_inputs(
         weights, 6, 2, shared_output=True, row_pad=16, ep="map", seed=3
     )
+    assert inputs.shared_output is not None
     for t in (inputs.hidden_states, inputs.out, inputs.shared_output):
         assert t.shape == (6, BLOCK) and t.stride() == (BLOCK + 16, 1)
     assert bool(torch.isnan(inputs.out).all())
-    assert inputs.a1_scale.shape == () and inputs.a2_scale.item() == pytest.approx(
-        A2_SCALE
-    )
+    assert inputs.a1_scale is not None and inputs.a2_scale is not None
+    assert inputs.a1_scale.shape == ()
+    assert inputs.a2_scale.item() == pytest.approx(A2_SCALE)
+    assert inputs.expert_map is not None
     assert inputs.num_global_experts == 16 and inputs.expert_map.shape == (16,)
     # Some tokens have no local expert with 4 of 16 experts on this rank.
     many = make_moe_inputs(weights, 64, 2, ep="range", seed=3)
@@ -1194,7 +1203,8 @@ def test_inputs_layout() -> None:
     assert many.expert_offset == 4
     block = make_moe_weights(2, BLOCK, BLOCK, block_wise=True, device="cpu")
     fp8 = make_moe_inputs(block, 5, 1, hidden_dtype=FP8_DTYPE)
-    assert fp8.a1_scale.shape == (5, 1) and fp8.a2_scale is None
+    assert fp8.a1_scale is not None and fp8.a1_scale.shape == (5, 1)
+    assert fp8.a2_scale is None
     assert fp8.out.dtype == BF16
 
 

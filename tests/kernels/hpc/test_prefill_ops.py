@@ -21,6 +21,7 @@ import dataclasses
 import itertools
 import math
 import random
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -33,6 +34,9 @@ from tests.kernels.hpc.utils import (
     import_attn_workspace,
     import_hpc_ops,
 )
+
+if TYPE_CHECKING:
+    from vllm.v1.attention.ops.hpc_attn_workspace import PrefillWorkspace
 
 hpc_ops = import_hpc_ops()
 workspaces = import_attn_workspace()
@@ -57,7 +61,7 @@ COST_BUCKETS = 16
 # ---------------------------------------------------------------------------
 
 
-def workspace(**overrides) -> workspaces.PrefillWorkspace:
+def workspace(**overrides) -> PrefillWorkspace:
     ws = workspaces.PrefillWorkspace(
         plan_buffer=torch.empty(4096, dtype=torch.int32, device=META),
         max_tokens=64,
@@ -376,7 +380,7 @@ def _cpu_inputs(q_dtype=BF16, kv_dtype=BF16) -> dict:
     }
 
 
-def _cpu_workspace() -> workspaces.PrefillWorkspace:
+def _cpu_workspace() -> PrefillWorkspace:
     """A workspace of the baseline sizes on the CPU."""
     return workspaces.PrefillWorkspace.create(
         max_tokens=TOKENS,
@@ -398,10 +402,11 @@ def test_prefill_fake_implementation() -> None:
                 k: (mode.from_tensor(v) if isinstance(v, torch.Tensor) else v)
                 for k, v in real.items()
             }
-            fake["workspace"] = dataclasses.replace(
+            fake_ws = dataclasses.replace(
                 ws, plan_buffer=mode.from_tensor(ws.plan_buffer)
             )
-            fake["workspace"].plan(fake["query_start_loc"], fake["seq_lens"])
+            fake_ws.plan(fake["query_start_loc"], fake["seq_lens"])
+            fake["workspace"] = fake_ws
             call(fake, hpc_ops.prefill_attention_unchecked)
             out = fake["out"]
             assert out.shape == (TOKENS, HQ, D)

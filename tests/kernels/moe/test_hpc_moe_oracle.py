@@ -183,8 +183,8 @@ class _RecordingOps:
         self.calls: list[tuple[tuple, dict]] = []
         self.created: list[dict] = []
         self.forward = forward
-        self._real_fused_moe = getattr(_hpc_ops, "fused_moe_fp8", None)
-        self._real_unchecked = getattr(_hpc_ops, "fused_moe_fp8_unchecked", None)
+        self._real_fused_moe = _hpc_ops.fused_moe_fp8
+        self._real_unchecked = _hpc_ops.fused_moe_fp8_unchecked
         self._validating = False
 
     def fused_moe_fp8(self, *args: Any, **kwargs: Any) -> None:
@@ -218,7 +218,7 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> _RecordingOps:
 def _install(monkeypatch: pytest.MonkeyPatch, rec: _RecordingOps) -> None:
     # The layer calls the unchecked form, the eager shims the checked one.
     for name in ("fused_moe_fp8", "fused_moe_fp8_unchecked"):
-        monkeypatch.setattr(_hpc_ops, name, rec.fused_moe_fp8, raising=False)
+        monkeypatch.setattr(_hpc_ops, name, rec.fused_moe_fp8)
     monkeypatch.setattr(hpc_moe.MoeWorkspace, "create", staticmethod(rec.create))
 
 
@@ -599,7 +599,9 @@ def test_apply_per_tensor(sm90, ops):
         moe_config=_moe_config(), quant_config=_per_tensor_quant(device="meta")
     )
     inputs = _moe_inputs(5, 8, 256, 256, 2)
-    inputs["topk_weights"] = inputs["topk_weights"].to(torch.bfloat16)
+    topk_weights = inputs["topk_weights"]
+    assert topk_weights is not None
+    inputs["topk_weights"] = topk_weights.to(torch.bfloat16)
     _apply(experts, inputs)
 
     ((args, kw),) = ops.calls

@@ -15,6 +15,7 @@ import importlib.machinery
 import random
 import sys
 import types
+from typing import Any
 
 import pytest
 import torch
@@ -34,6 +35,7 @@ from vllm.model_executor.custom_op import CustomOp, op_registry
 from vllm.model_executor.layers.hpc import HpcModule, rope_norm
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.utils import hpc as hpc_utils
+from vllm.v1.attention.backends.hpc_attn import HpcAttnMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 HpcRopeNorm = rope_norm.HpcRopeNorm
@@ -148,7 +150,8 @@ def _cumsum0(lens: list[int]) -> torch.Tensor:
 
 def test_registered_as_custom_op():
     assert op_registry["hpc_rope_norm"] is HpcRopeNorm
-    assert HpcRopeNorm.name == "hpc_rope_norm"
+    # CustomOp.register names the class itself.
+    assert vars(HpcRopeNorm)["name"] == "hpc_rope_norm"
     assert issubclass(HpcRopeNorm, CustomOp)
     assert issubclass(HpcRopeNorm, HpcModule)
     # The package re-exports this implementation, not another one.
@@ -209,8 +212,6 @@ def test_hy_v3_imports_against_patched_tree():
 
 
 def test_hpc_attn_metadata_has_handoff_fields():
-    from vllm.v1.attention.backends.hpc_attn import HpcAttnMetadata
-
     names = {f.name for f in dataclasses.fields(HpcAttnMetadata)}
     used = {
         "num_actual_tokens",
@@ -281,7 +282,8 @@ def test_support_declines_with_reason(
 
 def test_support_declines_without_library(hpc_config, monkeypatch):
     monkeypatch.setattr(rope_norm, "has_hpc_kernels", lambda: False)
-    assert "_hpc_C" in HpcRopeNorm.unsupported_reason(64, 8, 128, "auto")
+    reason = HpcRopeNorm.unsupported_reason(64, 8, 128, "auto")
+    assert reason is not None and "_hpc_C" in reason
     assert not HpcRopeNorm.support(64, 8, 128, "auto")
 
 
@@ -450,16 +452,17 @@ def test_derive_positions_random(seed):
     )
 
 
-def _metadata(**overrides) -> types.SimpleNamespace:
+def _metadata(**overrides: Any) -> HpcAttnMetadata:
     # Two single-token decodes (seq_lens 5, 9) and one prefill of 3 tokens
     # after 2 cached ones (seq_len 5): 5 tokens in all.
-    fields = dict(
+    fields: dict[str, Any] = dict(
         num_actual_tokens=5,
         num_decodes=2,
         num_decode_tokens=2,
         num_prefills=1,
         num_prefill_tokens=3,
         max_query_len=3,
+        max_seq_len=9,
         slot_mapping=torch.tensor([10, 20, 30, 31, 32], dtype=torch.int64),
         seq_lens=torch.tensor([5, 9, 5], dtype=torch.int32),
         block_table_tensor=torch.zeros(3, 4, dtype=torch.int32),
@@ -471,7 +474,7 @@ def _metadata(**overrides) -> types.SimpleNamespace:
         hpc_decode_q_scale=None,
     )
     fields.update(overrides)
-    return types.SimpleNamespace(**fields)
+    return HpcAttnMetadata(**fields)
 
 
 def test_positions_from_metadata():
@@ -664,6 +667,15 @@ def _attn_layer(kv_cache: torch.Tensor) -> types.SimpleNamespace:
     )
 
 
+def _forward_context(layers: dict[str, Any], attn_metadata: Any) -> ForwardContext:
+    """A forward context as vLLM's create_forward_context makes it, which
+    takes the metadata untyped: by layer name (a dict, or a list of dicts
+    with speculative decoding), or None on the profiling run."""
+    return ForwardContext(
+        no_compile_layers=layers, attn_metadata=attn_metadata, slot_mapping={}
+    )
+
+
 def _qkv(layer: HpcRopeNorm, num_tokens: int) -> torch.Tensor:
     width = (layer.num_heads + 2 * layer.num_kv_heads) * layer.head_dim
     return torch.randn(num_tokens, width).to(torch.bfloat16)
@@ -701,6 +713,7 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     assert kw["q_scale"].shape == (5, 8) and kw["q_scale"].data_ptr() == buf.data_ptr()
     assert kw["k_scale"].shape == (1,) and kw["k_scale"].item() == 0.5
     assert kw["v_scale"].shape == (1,) and kw["v_scale"].item() == 0.25
+    assert layer.fallback_qnorm is not None and layer.fallback_knorm is not None
     assert kw["q_norm_weight"] is layer.fallback_qnorm.weight
     assert kw["k_norm_weight"] is layer.fallback_knorm.weight
     assert kw["eps"] == 1e-5
@@ -708,6 +721,7 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     assert kw["is_neox"] is False
 
     assert md.hpc_kv_written is True
+    assert md.hpc_decode_q_scale is not None and md.hpc_prefill_q_scale is not None
     assert md.hpc_decode_q_scale.shape == (2, 8)
     assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
     assert md.hpc_prefill_q_scale.shape == (3, 8)
@@ -736,6 +750,7 @@ def test_forward_impl_decode_only_fp8(hpc_config, monkeypatch):
     layer._forward_impl(_qkv(layer, 2), kv_cache, md, _attn_layer(kv_cache), output)
     assert len(kernel.calls) == 1
     assert kernel.calls[0][0][1].tolist() == [4, 8]
+    assert md.hpc_decode_q_scale is not None
     assert md.hpc_decode_q_scale.shape == (2, 8)
     assert md.hpc_prefill_q_scale is None
 
@@ -786,10 +801,9 @@ def test_custom_op_routes_to_layer(hpc_config, monkeypatch, wrap):
     other = _metadata()
     per_layer = {name: md}
     # The list form: entry 0 is the target model's metadata.
-    ctx = ForwardContext(
-        no_compile_layers={name: _attn_layer(kv_cache)},
-        attn_metadata=per_layer if wrap == "dict" else [per_layer, {name: other}],
-        slot_mapping={},
+    ctx = _forward_context(
+        {name: _attn_layer(kv_cache)},
+        per_layer if wrap == "dict" else [per_layer, {name: other}],
     )
     with override_forward_context(ctx):
         q = layer.forward_native(_qkv(layer, 5), name)
@@ -810,13 +824,12 @@ def test_custom_op_zeroes_output_without_work(hpc_config, monkeypatch, case):
     name = f"test.op.{case}.attn"
     layer = _layer(kv_cache_dtype="auto", layer_name=name)
     if case == "no_metadata":
+        # vLLM's profiling run has no metadata.
         kv_cache, md = _kv_cache(layer, fp8=False), None
     else:
         kv_cache, md = torch.zeros(0, dtype=torch.bfloat16), _metadata()
-    ctx = ForwardContext(
-        no_compile_layers={name: _attn_layer(kv_cache)},
-        attn_metadata={name: md},
-        slot_mapping={},
+    ctx = _forward_context(
+        {name: _attn_layer(kv_cache)}, None if md is None else {name: md}
     )
     output = torch.full((5, layer.num_heads, layer.head_dim), 7.0).to(torch.bfloat16)
     with override_forward_context(ctx):
@@ -835,11 +848,7 @@ def test_profile_run_allocates_no_q_scale_buffer(hpc_config):
     # (no metadata) leaves the layer's fallback buffer unallocated.
     name = "test.op.profile.attn"
     layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name=name)
-    ctx = ForwardContext(
-        no_compile_layers={name: _attn_layer(_kv_cache(layer, fp8=True))},
-        attn_metadata={name: None},
-        slot_mapping={},
-    )
+    ctx = _forward_context({name: _attn_layer(_kv_cache(layer, fp8=True))}, None)
     with override_forward_context(ctx):
         q = layer.forward_native(_qkv(layer, 3), name)
     assert layer._q_scale is None
@@ -856,6 +865,7 @@ def test_forward_impl_uses_metadata_q_scale_buffer(hpc_config, monkeypatch):
     output = torch.empty(5, layer.num_heads, layer.head_dim, dtype=FP8)
     layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
     assert kernel.calls[0][1]["q_scale"].data_ptr() == buf.data_ptr()
+    assert md.hpc_decode_q_scale is not None and md.hpc_prefill_q_scale is not None
     assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
     assert md.hpc_prefill_q_scale.data_ptr() == buf[2].data_ptr()
     assert layer._q_scale is None
@@ -875,5 +885,6 @@ def test_forward_impl_derives_positions_once_per_step(hpc_config, monkeypatch):
     output = torch.empty(5, layer.num_heads, layer.head_dim, dtype=torch.bfloat16)
     for _ in range(2):
         layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
+    assert md.hpc_positions is not None
     assert md.hpc_positions.tolist() == [4, 8, 2, 3, 4]
     assert kernel.calls[0][0][1] is kernel.calls[1][0][1] is md.hpc_positions

@@ -16,7 +16,7 @@ import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import regex as re
@@ -95,7 +95,6 @@ def hopper_platform(
         yield hopper_platform_cls
     finally:
         vllm.platforms._current_platform = saved
-        hopper_platform_cls.capability = DeviceCapability(9, 0)
         _cached_get_attn_backend.cache_clear()
 
 
@@ -775,7 +774,8 @@ def test_speculative_limits_refused_at_selection(
     model_root, monkeypatch, heads, num_spec, parallel_drafting, reason
 ):
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    model = _model_config(model_root, *heads, 128)
+    num_heads, num_kv_heads = heads
+    model = _model_config(model_root, num_heads, num_kv_heads, 128)
     config = _vllm_config(
         model, num_speculative_tokens=num_spec, parallel_drafting=parallel_drafting
     )
@@ -1224,6 +1224,8 @@ def test_prologue_hand_off_two_layers_two_steps(kernels, llama_model, kv_cache_d
             assert md.hpc_kv_written is True
             if fp8:
                 # The scales live in the builder's persistent buffer.
+                assert builder.q_scale_buffer is not None
+                assert md.hpc_decode_q_scale is not None
                 ((pargs, pkw),) = _calls(kernels, "prologue")
                 assert pkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
                 assert md.hpc_decode_q_scale.shape == (md.num_decode_tokens, 32)
@@ -1241,6 +1243,7 @@ def test_prologue_hand_off_two_layers_two_steps(kernels, llama_model, kv_cache_d
             ((_, dkw),) = _calls(kernels, "decode")
             ((_, pkw),) = _calls(kernels, "prefill")
             if fp8:
+                assert builder.q_scale_buffer is not None
                 assert dkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
                 assert dkw["q_scale"].shape == (md.num_decode_tokens, 32)
                 assert pkw["q_scale"].shape == (md.num_prefill_tokens, 32)
@@ -1341,6 +1344,7 @@ def test_builder_takes_window_from_the_group_layers(fake_workspaces, llama_model
     with set_current_vllm_config(config):
         builder = Builder(_spec(), [a.layer_name], config, torch.device("cpu"))
         assert builder.window == 256
+        assert isinstance(builder.decode_workspace, _FakeDecodeWorkspace)
         assert builder.decode_workspace.kwargs["window"] == 256
         with pytest.raises(ValueError, match="different sliding windows"):
             Builder(_spec(), [a.layer_name, b.layer_name], config, torch.device("cpu"))
@@ -1413,7 +1417,7 @@ def test_qk_norm_rope_kvcache_hook(fused_kernel, kv_cache_dtype):
 def test_rope_kvcache_hook_packs_inputs_and_writes_query(monkeypatch):
     impl = Impl(32, 128, 0.1, 8)
     assert impl.fused_rope_kvcache_supported() is True
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def fake_kernel(qkv, positions, slots, cos_sin, kc, vc, q_out, **kw):
         seen.update(qkv=qkv.clone(), kw=kw)
@@ -1507,6 +1511,7 @@ def test_attention_layer_after_prologue_as_hy_v3_calls_it(
     ((dargs, dkw),) = _calls(kernels, "decode")
     assert dargs[0].dtype == q.dtype
     if fp8:
+        assert builder.q_scale_buffer is not None
         assert dkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
     else:
         assert dkw["q_scale"] is None

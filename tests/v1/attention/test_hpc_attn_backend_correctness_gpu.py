@@ -88,6 +88,8 @@ REPO_ROOT = next((p for p in _HERE.parents if (p / "vllm").is_dir()), _HERE.pare
 
 # Qwen/Qwen3-0.6B's config.json: the shape the harness's test runs
 # (16 query heads, 8 KV heads, head size 128, bfloat16).
+QWEN3_0_6B_HEADS = 16
+QWEN3_0_6B_KV_HEADS = 8
 QWEN3_0_6B_CONFIG = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -102,9 +104,9 @@ QWEN3_0_6B_CONFIG = {
     "intermediate_size": 3072,
     "max_position_embeddings": 40960,
     "max_window_layers": 28,
-    "num_attention_heads": 16,
+    "num_attention_heads": QWEN3_0_6B_HEADS,
     "num_hidden_layers": 28,
-    "num_key_value_heads": 8,
+    "num_key_value_heads": QWEN3_0_6B_KV_HEADS,
     "rms_norm_eps": 1e-06,
     "rope_scaling": None,
     "rope_theta": 1000000,
@@ -275,8 +277,8 @@ def qwen3_models(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     return {
         tp: _write_model(
             root / ("Qwen3-0.6B" if tp == 1 else f"Qwen3-0.6B-tp{tp}-rank"),
-            QWEN3_0_6B_CONFIG["num_attention_heads"] // tp,
-            QWEN3_0_6B_CONFIG["num_key_value_heads"] // tp,
+            QWEN3_0_6B_HEADS // tp,
+            QWEN3_0_6B_KV_HEADS // tp,
         )
         for tp in TENSOR_PARALLEL_SIZES
     }

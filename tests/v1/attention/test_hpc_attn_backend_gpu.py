@@ -629,6 +629,8 @@ def test_full_graph_replays_the_next_steps_plan(tmp_path: Path, num_spec: int):
     # The next step: new lengths in the same buffers, planned by build().
     persistent_lens.copy_(torch.tensor(long_lens, dtype=torch.int32))
     md_next = builder.build(0, common)
+    assert md_next.decode_seq_lens is not None
+    assert md_capture.decode_seq_lens is not None
     assert md_next.decode_seq_lens.data_ptr() == md_capture.decode_seq_lens.data_ptr()
     assert md_next.decode_workspace is md_capture.decode_workspace
     output.fill_(float("nan"))
