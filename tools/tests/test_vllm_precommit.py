@@ -5,10 +5,11 @@
 The patch set is applied to vLLM's sources (``VLLM_SDIST``) and each check
 runs there, under vLLM's configuration, on the files that differ from
 0.33.0: its scripts for forbidden imports, ``torch.cuda`` calls and SPDX
-headers, ruff, clang-format on the kernel sources, and mypy on the package
-files the PR adds through ``tools/pre_commit/mypy.py`` (the upstream files
-it edits in place carry upstream's own findings). Skips without the sources,
-and names the tool that is missing when one is.
+headers, ruff, clang-format on the kernel sources, typos on every changed
+file, and mypy on the package files the PR adds through
+``tools/pre_commit/mypy.py`` (the upstream files it edits in place carry
+upstream's own findings). Skips without the sources, and names the tool
+that is missing when one is.
 """
 
 from __future__ import annotations
@@ -89,6 +90,13 @@ def test_clang_format(patched: tuple[Path, dict[str, str]]) -> None:
     )
     assert sources
     _run(root, _tool("clang-format"), "--dry-run", "-Werror", "--style=file", *sources)
+
+
+def test_typos(patched: tuple[Path, dict[str, str]]) -> None:
+    """Every file the PR adds or changes, as vLLM's typos hook checks them
+    (with ``--force-exclude``, under the [tool.typos] of its pyproject.toml)."""
+    root, changed = patched
+    _run(root, _tool("typos"), "--force-exclude", *sorted(changed))
 
 
 def test_mypy(patched: tuple[Path, dict[str, str]]) -> None:
