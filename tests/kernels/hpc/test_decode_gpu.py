@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -331,7 +332,7 @@ def _feature_cases() -> list[Case]:
 def _mode_cases() -> list[Case]:
     """Every split mode, a few split lengths and small CTA counts (many
     pieces per CTA), with bf16 and FP8 (FP8 queries)."""
-    modes = (
+    modes: tuple[dict[str, Any], ...] = (
         dict(),
         dict(min_split_len=64),
         dict(min_split_len=1024),
@@ -700,4 +701,49 @@ def test_batch_invariance(case: Case) -> None:
     for order, rows in zip(batches[1:], results[1:], strict=True):
         assert bitwise_equal(rows, results[0]), (
             f"{case.id}: the sequence's rows differ alone and in batch {order}"
+        )
+
+
+# Long sequences in a full batch, four query tokens of GQA 8 (32 rows), the
+# benchmark's cache layout: every CTA holds pieces of two or three units.
+_REPEATED_CASES = [
+    Case(
+        lens=(32768,) * 8,
+        heads=(64, 8),
+        query_tokens=4,
+        block_size=64,
+        layout=CacheLayout.HPC,
+    ),
+    Case(
+        lens=(32768,) * 8,
+        heads=(64, 8),
+        query_tokens=2,
+        block_size=64,
+        layout=CacheLayout.HPC,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", params(_REPEATED_CASES))
+def test_repeated_calls(case: Case) -> None:
+    """One plan, many calls, as a step's layers make them: the first call
+    against the reference, every later one bitwise equal to it (the merge
+    sums pieces in a fixed order), and the piece counters back at zero after
+    each."""
+    inputs = case.build()
+    ws = case.workspace(inputs)
+    ws.plan(inputs.kv_lens, inputs.query_tokens)
+
+    def call() -> None:
+        decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
+
+    run_and_check(inputs, case.id, call)
+    first = inputs.out.clone()
+    for n in range(1, 24):
+        inputs.poison_out()
+        call()
+        torch.accelerator.synchronize()
+        assert bitwise_equal(inputs.out, first), f"{case.id}: call {n} differs"
+        assert int(ws.piece_counters.count_nonzero()) == 0, (
+            f"{case.id}: call {n} left piece counters set"
         )
