@@ -947,6 +947,12 @@ def run_flashinfer_hnd(
     return out
 
 
+class DeviceLost(RuntimeError):
+    """The CUDA context failed with a sticky error (e.g. a kernel fault): no
+    later case can run in this process, but the finished ones can be
+    written."""
+
+
 def run_guarded(
     workload: str,
     name: str,
@@ -959,7 +965,8 @@ def run_guarded(
     an exception (e.g. out of memory) becomes the one record
     ``failed(error)`` and the run goes on. Adds the records to ``records``,
     prints the progress line and frees the cached memory; returns whether
-    the case is sound."""
+    the case is sound. Raises :class:`DeviceLost` (after recording the case)
+    when the device is no longer usable."""
     try:
         case_records, ok = bench()
     except Exception as err:  # noqa: BLE001 - e.g. out of memory: go on
@@ -967,5 +974,8 @@ def run_guarded(
         ok = False
     records.extend(case_records)
     print_progress(workload, name, case_records, started)
-    torch.accelerator.empty_cache()
+    try:
+        torch.accelerator.empty_cache()
+    except Exception as err:  # noqa: BLE001 - any sticky error ends the run
+        raise DeviceLost(short_error(err)) from err
     return ok

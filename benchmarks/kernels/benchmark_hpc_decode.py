@@ -114,6 +114,7 @@ from typing import Any
 import torch
 from bench_utils import (
     CheckedImpls,
+    DeviceLost,
     L2Scrub,
     add_merge_arg,
     add_run_args,
@@ -1323,30 +1324,40 @@ def main(argv: list[str] | None = None) -> int:
 
     records: list[dict[str, Any]] = []
     sound = True
-    for case in cases:
-        bench = bench_chained if case.workload == "W1B" else bench_case
-        sound &= run_guarded(
-            case.workload,
-            case.name,
-            lambda case=case, bench=bench: bench(case, env, opts),
-            lambda error, case=case: make_record(
+    device_lost = None
+    try:
+        for case in cases:
+            bench = bench_chained if case.workload == "W1B" else bench_case
+            sound &= run_guarded(
                 case.workload,
                 case.name,
-                HPC,
-                None,
-                case.floor_bytes() / (bandwidth * 1e3),
-                error=error,
-            ),
-            records,
-            started,
+                lambda case=case, bench=bench: bench(case, env, opts),
+                lambda error, case=case: make_record(
+                    case.workload,
+                    case.name,
+                    HPC,
+                    None,
+                    case.floor_bytes() / (bandwidth * 1e3),
+                    error=error,
+                ),
+                records,
+                started,
+            )
+        for name, lengths in plans:
+            case_records, ok = bench_plan(name, lengths, env, opts)
+            sound &= ok
+            records.extend(case_records)
+            print_progress("PLAN", name, case_records, started)
+    except DeviceLost as err:
+        device_lost = str(err)
+        sound = False
+        print(
+            f"benchmark_hpc_decode: the device failed ({err}); later cases did not run"
         )
-    for name, lengths in plans:
-        case_records, ok = bench_plan(name, lengths, env, opts)
-        sound &= ok
-        records.extend(case_records)
-        print_progress("PLAN", name, case_records, started)
 
     extra: dict[str, Any] = {"skipped": missing}
+    if device_lost is not None:
+        extra["device_lost"] = device_lost
     if args.merge is not None:
         order = [(c.workload, c.name) for c in all_cases(False, True, set(WORKLOADS))]
         order += [("PLAN", p[0]) for p in plan_cases(False)]

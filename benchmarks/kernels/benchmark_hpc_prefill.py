@@ -101,6 +101,7 @@ from typing import Any
 import torch
 from bench_utils import (
     FP8,
+    DeviceLost,
     L2Scrub,
     add_merge_arg,
     add_run_args,
@@ -1108,22 +1109,35 @@ def main(argv: list[str] | None = None) -> int:
 
     records: list[dict[str, Any]] = []
     sound = True
-    for case in cases:
-        sound &= run_guarded(
-            "W5",
-            case.name,
-            lambda case=case: bench_case(case, env, opts),
-            lambda error, case=case: make_record(
-                "W5", case.name, HPC, None, case_floor_us(case, env.tflops), error=error
-            ),
-            records,
-            started,
+    device_lost = None
+    try:
+        for case in cases:
+            sound &= run_guarded(
+                "W5",
+                case.name,
+                lambda case=case: bench_case(case, env, opts),
+                lambda error, case=case: make_record(
+                    "W5",
+                    case.name,
+                    HPC,
+                    None,
+                    case_floor_us(case, env.tflops),
+                    error=error,
+                ),
+                records,
+                started,
+            )
+        for name, tp, shape in plans:
+            case_records, ok = bench_plan(name, tp, shape, env, opts)
+            sound &= ok
+            records.extend(case_records)
+            print_progress("PLAN", name, case_records, started)
+    except DeviceLost as err:
+        device_lost = str(err)
+        sound = False
+        print(
+            f"benchmark_hpc_prefill: the device failed ({err}); later cases did not run"
         )
-    for name, tp, shape in plans:
-        case_records, ok = bench_plan(name, tp, shape, env, opts)
-        sound &= ok
-        records.extend(case_records)
-        print_progress("PLAN", name, case_records, started)
 
     extra: dict[str, Any] = {
         "matmul_tflops": {
@@ -1133,6 +1147,8 @@ def main(argv: list[str] | None = None) -> int:
         "block_size": args.block_size,
         "skipped": missing,
     }
+    if device_lost is not None:
+        extra["device_lost"] = device_lost
     if args.merge is not None:
         records, extra["merged"] = merge_into(args.merge, records, args.block_size)
     finish_run(

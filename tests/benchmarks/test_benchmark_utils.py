@@ -65,3 +65,53 @@ def test_merge_keeps_unmeasured_records_and_ratios(tmp_path: Path):
         "copy_bandwidth_gbps": 4200.0,
         "fp8_matmul_tflops": 1600.0,
     }
+
+
+def test_run_guarded_raises_device_lost_after_recording(monkeypatch):
+    """A case whose failure leaves the device unusable is recorded, then
+    ends the run (so the finished cases can still be written)."""
+
+    def fail():
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    def sticky():
+        raise RuntimeError("CUDA error: unspecified launch failure")
+
+    monkeypatch.setattr(bench_utils.torch.accelerator, "empty_cache", sticky)
+    records: list = []
+    try:
+        bench_utils.run_guarded(
+            "W2",
+            "case-a",
+            fail,
+            lambda error: {"case": "case-a", "us": None, "error": error},
+            records,
+            0.0,
+        )
+    except bench_utils.DeviceLost as err:
+        assert "unspecified launch failure" in str(err)
+    else:
+        raise AssertionError("run_guarded did not raise DeviceLost")
+    assert [r["case"] for r in records] == ["case-a"]
+    assert "unspecified launch failure" in records[0]["error"]
+
+
+def test_run_guarded_goes_on_after_a_recoverable_failure(monkeypatch):
+    monkeypatch.setattr(bench_utils.torch.accelerator, "empty_cache", lambda: None)
+    records: list = []
+
+    def fail():
+        raise RuntimeError("out of memory")
+
+    ok = bench_utils.run_guarded(
+        "W2",
+        "case-b",
+        fail,
+        lambda error: {"case": "case-b", "us": None, "error": error},
+        records,
+        0.0,
+    )
+    assert ok is False
+    assert records == [
+        {"case": "case-b", "us": None, "error": "RuntimeError: out of memory"}
+    ]
