@@ -98,19 +98,31 @@ struct DecodeConfig {
   static constexpr int kKOffset =
       (kMergeOffset + kMergeBytes + 1023) / 1024 * 1024;
 
-  // Shared memory a CTA may use on one SM; one CTA per SM. FP8: three V^T
-  // stages (the transposition runs a tile or two ahead) and raw V slots
+  // Shared memory a CTA may use on one SM; one CTA per SM. FP8: V^T
+  // stages (the transposition runs a tile or more ahead) and raw V slots
   // beside K; 16-bit: K and V stages alike.
   static constexpr int kSmemPerSm = 227 * 1024;
   static constexpr int kMaxStages = 8;
-  static constexpr int kVtStages = 3;
   static constexpr int kSlots = (kSmemPerSm - 2048 - kKOffset) / kStageBytes;
+  // Taking turns, warpgroup w reads the tiles of parity w. The consumers'
+  // rings (K, V or V^T) then have an even depth, so that each stage serves
+  // one warpgroup and a warpgroup only waits on a stage whose previous fill
+  // it consumed itself: a parity wait cannot tell a fill from the one two
+  // phases on, and with an odd depth a warpgroup running ahead would take
+  // the other's unfinished fill for its own. Splitting rows, both
+  // warpgroups read every tile in order, and any depth is safe.
+  static constexpr int kRingMultiple = kSplitRows ? 1 : 2;
+  static constexpr int kVtStages =
+      kSplitRows ? 3 : ((kSlots - 4) / 2 >= 4 ? 4 : 2);
   static constexpr int kStagesFit = (kFp8 ? kSlots - kVtStages : kSlots) / 2;
   static constexpr int kStages =
-      kStagesFit < kMaxStages ? kStagesFit : kMaxStages;
+      (kStagesFit < kMaxStages ? kStagesFit : kMaxStages) / kRingMultiple *
+      kRingMultiple;
   static constexpr int kVStages = kFp8 ? kVtStages : kStages;
   static constexpr int kRawSlots = kFp8 ? kStages : 0;
   static_assert(kStages >= 2, "rings of at least two stages");
+  static_assert(kStages % kRingMultiple == 0 && kVStages % kRingMultiple == 0,
+                "taking turns: rings of even depth");
   static constexpr int kVOffset = kKOffset + kStages * kStageBytes;
   static constexpr int kRawOffset = kVOffset + kVStages * kStageBytes;
   static constexpr int kTileBytes = kRawOffset + kRawSlots * kStageBytes;
