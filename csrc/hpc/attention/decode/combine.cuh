@@ -20,6 +20,8 @@ namespace decode {
 
 constexpr int kMaxRows = 64;  // query tokens x GQA ratio of one unit
 constexpr int kPiecesInFlight = 16;
+constexpr int kLseChunks = 4;  // LSEs a lane holds in merge_split_row
+static_assert(32 % kPiecesInFlight == 0);
 
 __device__ __forceinline__ void store4(uint16_t* out, ElemType type, float4 v) {
   uint32_t lo, hi;
@@ -50,20 +52,38 @@ __device__ __forceinline__ uint16_t* output_row(const DecodeParams& p, int unit,
 }
 
 // One warp merges row `row` of a unit split into `pieces` pieces whose
-// partial rows start at `first`. Lanes read 32 pieces' LSEs at a time and
-// broadcast the weights, and keep kPiecesInFlight partial-row loads in
-// flight. Partials are read through L2 (they were written by other CTAs).
+// partial rows start at `first`. Lane l holds the LSEs of pieces l, l + 32,
+// ... (kLseChunks of them, loaded together: one load latency for up to
+// 32 kLseChunks pieces, whose weights then stay in registers), broadcasts
+// the weights, and keeps kPiecesInFlight partial-row loads in flight.
+// Each lane sums its columns in piece order. Partials are read through L2
+// (they were written by other CTAs).
 __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
                                                 int first, int pieces, int row,
                                                 int head_dim, int lane) {
+  constexpr int kGroup = 32 * kLseChunks;  // pieces per pass of LSE loads
   const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
+  const auto load_lse = [&](int g, float (&x)[kLseChunks]) {
+#pragma unroll
+    for (int k = 0; k < kLseChunks; ++k) {
+      const int i = g + 32 * k + lane;
+      x[k] = i < pieces ? __ldcg(lse + static_cast<int64_t>(i) * p.rows)
+                        : -INFINITY;
+    }
+  };
   // Running max and sum of 2^lse over the lane's pieces, then over the warp.
+  float x[kLseChunks];
   float m = -INFINITY, sum = 0.f;
-  for (int i = lane; i < pieces; i += 32) {
-    const float x = __ldcg(lse + static_cast<int64_t>(i) * p.rows);
-    const float m_new = fmaxf(m, x);
-    if (m_new != -INFINITY) sum = sum * exp2f(m - m_new) + exp2f(x - m_new);
-    m = m_new;
+  for (int g = 0; g < pieces; g += kGroup) {
+    load_lse(g, x);
+#pragma unroll
+    for (int k = 0; k < kLseChunks; ++k) {
+      const float m_new = fmaxf(m, x[k]);
+      if (m_new != -INFINITY) {
+        sum = sum * exp2f(m - m_new) + exp2f(x[k] - m_new);
+      }
+      m = m_new;
+    }
   }
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -77,20 +97,22 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
   }
   const float ref = m == -INFINITY ? 0.f : m;
   const float inv = sum > 0.f ? 1.f / sum : 0.f;
+  // One group: its LSEs are still in x.
+  const bool one_group = pieces <= kGroup;
 
   uint16_t* out = output_row(p, unit, row);
   const int quads = head_dim / 4;
   for (int q0 = 0; q0 < quads; q0 += 32) {
     const int quad = q0 + lane;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int c = 0; c < pieces; c += 32) {
-      const float w_lane =
-          c + lane < pieces
-              ? exp2f(__ldcg(lse + static_cast<int64_t>(c + lane) * p.rows) -
-                      ref) *
-                    inv
-              : 0.f;
-      const int n = min(32, pieces - c);
+    for (int g = 0; g < pieces; g += kGroup) {
+      if (!one_group) load_lse(g, x);
+      float w[kLseChunks];
+#pragma unroll
+      for (int k = 0; k < kLseChunks; ++k) {
+        w[k] = g + 32 * k + lane < pieces ? exp2f(x[k] - ref) * inv : 0.f;
+      }
+      const int n = min(kGroup, pieces - g);
       for (int k0 = 0; k0 < n; k0 += kPiecesInFlight) {
         // Issue all loads of the batch before the first use.
         float4 v[kPiecesInFlight];
@@ -100,18 +122,25 @@ __device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
           if (k0 + k < n && quad < quads) {
             v[k] = __ldcg(reinterpret_cast<const float4*>(
                 p.partial_out +
-                (static_cast<int64_t>(first + c + k0 + k) * p.rows + row) *
+                (static_cast<int64_t>(first + g + k0 + k) * p.rows + row) *
                     head_dim +
                 4 * quad));
           }
         }
+        // The batch's weights are one register of the lanes (kPiecesInFlight
+        // divides 32), picked without indexing x by a runtime value.
+        float w_batch = w[0];
+#pragma unroll
+        for (int k = 1; k < kLseChunks; ++k) {
+          if (k0 >= 32 * k) w_batch = w[k];
+        }
 #pragma unroll
         for (int k = 0; k < kPiecesInFlight; ++k) {
-          const float w = __shfl_sync(0xffffffffu, w_lane, (k0 + k) & 31);
-          acc.x += w * v[k].x;
-          acc.y += w * v[k].y;
-          acc.z += w * v[k].z;
-          acc.w += w * v[k].w;
+          const float wk = __shfl_sync(0xffffffffu, w_batch, (k0 + k) & 31);
+          acc.x += wk * v[k].x;
+          acc.y += wk * v[k].y;
+          acc.z += wk * v[k].z;
+          acc.w += wk * v[k].w;
         }
       }
     }
