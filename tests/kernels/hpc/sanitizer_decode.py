@@ -110,6 +110,37 @@ CASES: list[dict[str, object]] = [
         workspace=dict(num_ctas=3, min_split_len=64),
         split=True,
     ),
+    # One unit in 20 pieces (more than the element-parallel merge takes):
+    # the warp-per-row merge; 4 query tokens x GQA 8 = 32 rows.
+    dict(
+        name="many-pieces-q4",
+        inputs=dict(
+            lens=[2600],
+            num_q_heads=8,
+            num_kv_heads=1,
+            head_size=128,
+            block_size=16,
+            query_tokens=4,
+        ),
+        workspace=dict(num_ctas=20, min_split_len=64),
+        split=True,
+    ),
+    # Sixteen units over 20 CTAs in the HPC layout: CTAs walk several items
+    # and merge several units; 32 rows, so the warpgroups take turns.
+    dict(
+        name="many-items-q4",
+        inputs=dict(
+            lens=[1300, 1300, 1300, 1300],
+            num_q_heads=32,
+            num_kv_heads=4,
+            head_size=128,
+            block_size=64,
+            query_tokens=4,
+            layout=CacheLayout.HPC,
+        ),
+        workspace=dict(num_ctas=20, min_split_len=64),
+        split=True,
+    ),
     # The static schedule: ceil(1200 / 512) = 3 pieces, one CTA each.
     dict(
         name="static-d256",
