@@ -64,6 +64,7 @@ from tests.kernels.hpc.utils import (
     run_and_check,
 )
 from vllm._hpc_ops import SplitMode, decode_attention, decode_plan_size
+from vllm._hpc_ops_validation import validate_decode_attention
 from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace
 
 pytestmark = pytest.mark.gpu
@@ -167,6 +168,7 @@ def decode_kernel(
 
 def _run(inputs: DecodeInputs, ws: DecodeWorkspace) -> None:
     ws.plan(inputs.kv_lens, inputs.query_tokens)
+    validate_decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
 
@@ -733,6 +735,7 @@ def test_repeated_calls(case: Case) -> None:
     inputs = case.build()
     ws = case.workspace(inputs)
     ws.plan(inputs.kv_lens, inputs.query_tokens)
+    validate_decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
     def call() -> None:
         decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
