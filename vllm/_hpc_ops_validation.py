@@ -2,13 +2,19 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Argument validation of the ``_hpc_C`` ops (``vllm._hpc_ops``).
 
-One ``validate_<op>`` per op of ``vllm._hpc_ops``, taking the op's own
-arguments, and one per workspace method that sizes or plans: each checks
-every input (tensor type, device, dtype, shape, strides, alignment, ranges,
-the workspace's sizes) and raises ``ValueError`` naming the argument and the
-accepted values. Tests, workspace creation and direct callers of the ops run
-them; the vLLM layers check their configuration once, at selection and
-construction, and call the ops unchecked on the hot path.
+One ``validate_<op>`` per op of ``vllm._hpc_ops``, and one per workspace
+method that sizes or plans: each checks every input (tensor type, device,
+dtype, shape, strides, alignment, ranges, the workspace's sizes) and raises
+``ValueError`` naming the argument and the accepted values. Tests, workspace
+creation and direct callers of the ops run them; the vLLM layers check their
+configuration once, at selection and construction, and call the ops
+unchecked on the hot path.
+
+A parameter list is written once. ``validate_<op>`` takes the op's
+arguments, with the op's signature, and its checks read them by name
+(``args.q``); the workspaces' ``create`` methods are decorated with their
+validators (:func:`validated_by`), which read the method's arguments the
+same way.
 
 Imports torch and the op module only, so it works wherever the op layer
 does.
@@ -16,10 +22,16 @@ does.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 
+from vllm import _hpc_ops as ops
 from vllm._hpc_ops import (
     DECODE_TILE_TOKENS,
     MAX_DECODE_QUERY_TOKENS,
@@ -33,7 +45,6 @@ from vllm._hpc_ops import (
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
     DecodeWorkspaceLike,
-    MoeWorkspaceLike,
     PrefillWorkspaceLike,
     QkNormPolicy,
     SplitMode,
@@ -52,6 +63,7 @@ __all__ = [
     "validate_query_tokens",
     "validate_rope_norm_store_kv",
     "validate_split_mode",
+    "validated_by",
 ]
 
 _ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
@@ -67,6 +79,64 @@ _ATTN_WORKSPACES = "vllm/v1/attention/ops/hpc_attn_workspace.py"
 _DECODE_WORKSPACE = f"DecodeWorkspace ({_ATTN_WORKSPACES})"
 _PREFILL_WORKSPACE = f"PrefillWorkspace ({_ATTN_WORKSPACES})"
 _MOE_WORKSPACE = "MoeWorkspace (vllm/model_executor/layers/fused_moe/hpc_moe.py)"
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+# ---------------------------------------------------------------------------
+# Arguments by name: a validator states no signature of its own
+# ---------------------------------------------------------------------------
+
+
+def _bind(
+    signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> SimpleNamespace:
+    """A call's arguments by name, defaults filled in (a call that does not
+    fit the signature raises TypeError, as the function itself would)."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return SimpleNamespace(**bound.arguments)
+
+
+def _validator_of(
+    op: Callable[_P, Any],
+) -> Callable[[Callable[[SimpleNamespace], None]], Callable[_P, None]]:
+    """Makes the decorated check the validator of ``op``: it is called with
+    ``op``'s arguments (``op``'s signature is its signature) and reads them
+    by name, so the two never disagree."""
+    signature = inspect.signature(op)
+
+    def decorate(check: Callable[[SimpleNamespace], None]) -> Callable[_P, None]:
+        def validate(*args: _P.args, **kwargs: _P.kwargs) -> None:
+            check(_bind(signature, args, kwargs))
+
+        functools.update_wrapper(validate, check)
+        validate.__signature__ = signature  # type: ignore[attr-defined]
+        return validate
+
+    return decorate
+
+
+def validated_by(
+    check: Callable[[SimpleNamespace], object],
+) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorates a function so that each call first hands its arguments, by
+    name and with defaults filled in, to ``check`` (the workspaces' ``create``
+    methods are decorated with their validators)."""
+
+    def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def checked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            check(_bind(signature, args, kwargs))
+            return fn(*args, **kwargs)
+
+        return checked
+
+    return decorate
 
 
 # ---------------------------------------------------------------------------
@@ -196,47 +266,34 @@ def _check_cache_pair(
 # ---------------------------------------------------------------------------
 
 
-def validate_rope_norm_store_kv(
-    qkv: torch.Tensor,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    cos_sin_cache: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    q_out: torch.Tensor,
-    *,
-    q_scale: torch.Tensor | None = None,
-    q_norm_weight: torch.Tensor | None = None,
-    k_norm_weight: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    norm_policy: int = QkNormPolicy.NONE,
-    is_neox: bool = True,
-) -> None:
+@_validator_of(ops.rope_norm_store_kv)
+def validate_rope_norm_store_kv(args: SimpleNamespace) -> None:
     """Checks the arguments of ``vllm._hpc_ops.rope_norm_store_kv``."""
-    for name, t in (
-        ("qkv", qkv),
-        ("positions", positions),
-        ("slot_mapping", slot_mapping),
-        ("cos_sin_cache", cos_sin_cache),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-        ("q_out", q_out),
+    for name in (
+        "qkv",
+        "positions",
+        "slot_mapping",
+        "cos_sin_cache",
+        "key_cache",
+        "value_cache",
+        "q_out",
     ):
+        t = getattr(args, name)
         _check_tensor(name, t)
 
-    _check_ndim("qkv", qkv, 2, "[num_tokens, (Hq + 2 * Hkv) * head_size]")
-    _check_dtype("qkv", qkv, _ACTIVATION_DTYPES)
-    if qkv.stride(-1) != 1:
-        raise ValueError(f"qkv must have a unit last-dim stride, got {qkv.stride()}")
-    device = qkv.device
-    num_tokens = qkv.shape[0]
+    _check_ndim("qkv", args.qkv, 2, "[num_tokens, (Hq + 2 * Hkv) * head_size]")
+    _check_dtype("qkv", args.qkv, _ACTIVATION_DTYPES)
+    if args.qkv.stride(-1) != 1:
+        raise ValueError(
+            f"qkv must have a unit last-dim stride, got {args.qkv.stride()}"
+        )
+    device = args.qkv.device
+    num_tokens = args.qkv.shape[0]
 
     block_size, num_kv_heads, head_size = _check_cache_pair(
-        key_cache, value_cache, (*_ACTIVATION_DTYPES, torch.float8_e4m3fn)
+        args.key_cache, args.value_cache, (*_ACTIVATION_DTYPES, torch.float8_e4m3fn)
     )
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+    for name, t in (("key_cache", args.key_cache), ("value_cache", args.value_cache)):
         _check_device(name, t, device)
         if t.stride(-1) != 1:
             raise ValueError(
@@ -247,14 +304,14 @@ def validate_rope_norm_store_kv(
                 f"{name} strides {t.stride()} must be multiples of 8 elements "
                 "(16-byte aligned rows)"
             )
-    if key_cache.stride() != value_cache.stride():
+    if args.key_cache.stride() != args.value_cache.stride():
         raise ValueError(
-            f"value_cache strides {value_cache.stride()} must equal key_cache "
-            f"strides {key_cache.stride()}"
+            f"value_cache strides {args.value_cache.stride()} must equal key_cache "
+            f"strides {args.key_cache.stride()}"
         )
-    cache_is_fp8 = key_cache.dtype == torch.float8_e4m3fn
+    cache_is_fp8 = args.key_cache.dtype == torch.float8_e4m3fn
     if cache_is_fp8:
-        for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
+        for name, scale in (("k_scale", args.k_scale), ("v_scale", args.v_scale)):
             if scale is None:
                 raise ValueError(f"{name} is required when the KV cache is FP8")
             _check_tensor(name, scale)
@@ -264,17 +321,18 @@ def validate_rope_norm_store_kv(
                     f"shape {tuple(scale.shape)} dtype {scale.dtype}"
                 )
             _check_device(name, scale, device)
-    elif key_cache.dtype != qkv.dtype:
+    elif args.key_cache.dtype != args.qkv.dtype:
         raise ValueError(
-            f"key_cache dtype {key_cache.dtype} must equal qkv dtype {qkv.dtype} "
-            "or be float8_e4m3fn"
+            f"key_cache dtype {args.key_cache.dtype} must equal qkv dtype "
+            f"{args.qkv.dtype} or be float8_e4m3fn"
         )
 
-    _check_ndim("q_out", q_out, 3, "[num_tokens, Hq, head_size]")
-    num_q_heads = q_out.shape[1]
-    if q_out.shape[0] != num_tokens or q_out.shape[2] != head_size:
+    _check_ndim("q_out", args.q_out, 3, "[num_tokens, Hq, head_size]")
+    num_q_heads = args.q_out.shape[1]
+    if args.q_out.shape[0] != num_tokens or args.q_out.shape[2] != head_size:
         raise ValueError(
-            f"q_out shape {tuple(q_out.shape)} must be [{num_tokens}, Hq, {head_size}]"
+            f"q_out shape {tuple(args.q_out.shape)} must be "
+            f"[{num_tokens}, Hq, {head_size}]"
         )
     if num_q_heads % num_kv_heads != 0:
         raise ValueError(
@@ -286,37 +344,37 @@ def validate_rope_norm_store_kv(
             f"Hq / Hkv = {num_q_heads // num_kv_heads}; accepted: 1..{MAX_GQA_RATIO}"
         )
     expected_width = (num_q_heads + 2 * num_kv_heads) * head_size
-    if qkv.shape[1] != expected_width:
+    if args.qkv.shape[1] != expected_width:
         raise ValueError(
-            f"qkv.shape[1] is {qkv.shape[1]}; expected (Hq + 2 * Hkv) * head_size "
+            f"qkv.shape[1] is {args.qkv.shape[1]}; expected (Hq + 2 * Hkv) * head_size "
             f"= ({num_q_heads} + 2 * {num_kv_heads}) * {head_size} = "
             f"{expected_width}"
         )
-    if qkv.stride(0) % 8 != 0:
-        raise ValueError(f"qkv row stride {qkv.stride(0)} must be a multiple of 8")
-    _check_dtype("q_out", q_out, (qkv.dtype, torch.float8_e4m3fn))
-    _check_device("q_out", q_out, device)
-    _check_contiguous("q_out", q_out)
-    if q_out.dtype == torch.float8_e4m3fn:
-        if q_scale is None:
+    if args.qkv.stride(0) % 8 != 0:
+        raise ValueError(f"qkv row stride {args.qkv.stride(0)} must be a multiple of 8")
+    _check_dtype("q_out", args.q_out, (args.qkv.dtype, torch.float8_e4m3fn))
+    _check_device("q_out", args.q_out, device)
+    _check_contiguous("q_out", args.q_out)
+    if args.q_out.dtype == torch.float8_e4m3fn:
+        if args.q_scale is None:
             raise ValueError("q_scale is required when q_out is float8_e4m3fn")
-        _check_tensor("q_scale", q_scale)
+        _check_tensor("q_scale", args.q_scale)
         if (
-            q_scale.dtype != torch.float32
-            or q_scale.dim() != 2
-            or q_scale.shape[0] < num_tokens
-            or q_scale.shape[1] != num_q_heads
+            args.q_scale.dtype != torch.float32
+            or args.q_scale.dim() != 2
+            or args.q_scale.shape[0] < num_tokens
+            or args.q_scale.shape[1] != num_q_heads
         ):
             raise ValueError(
                 f"q_scale must be float32 [>= {num_tokens}, {num_q_heads}], got "
-                f"shape {tuple(q_scale.shape)} dtype {q_scale.dtype}"
+                f"shape {tuple(args.q_scale.shape)} dtype {args.q_scale.dtype}"
             )
-        _check_device("q_scale", q_scale, device)
-        _check_contiguous("q_scale", q_scale)
-    elif q_scale is not None:
+        _check_device("q_scale", args.q_scale, device)
+        _check_contiguous("q_scale", args.q_scale)
+    elif args.q_scale is not None:
         raise ValueError("q_scale must be None unless q_out is float8_e4m3fn")
 
-    for name, t in (("positions", positions), ("slot_mapping", slot_mapping)):
+    for name, t in (("positions", args.positions), ("slot_mapping", args.slot_mapping)):
         _check_ndim(name, t, 1, "[num_tokens]")
         _check_dtype(name, t, _INDEX_DTYPES)
         _check_device(name, t, device)
@@ -327,38 +385,31 @@ def validate_rope_norm_store_kv(
                 f"{num_tokens}"
             )
 
-    _check_ndim("cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
-    _check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32, qkv.dtype))
-    _check_device("cos_sin_cache", cos_sin_cache, device)
-    _check_contiguous("cos_sin_cache", cos_sin_cache)
-    rotary_dim = cos_sin_cache.shape[1]
+    _check_ndim("cos_sin_cache", args.cos_sin_cache, 2, "[max_position, rotary_dim]")
+    _check_dtype("cos_sin_cache", args.cos_sin_cache, (torch.float32, args.qkv.dtype))
+    _check_device("cos_sin_cache", args.cos_sin_cache, device)
+    _check_contiguous("cos_sin_cache", args.cos_sin_cache)
+    rotary_dim = args.cos_sin_cache.shape[1]
     if rotary_dim % 16 != 0 or not 16 <= rotary_dim <= head_size:
         raise ValueError(
             f"rotary_dim (cos_sin_cache.shape[1]) is {rotary_dim}; accepted: a "
             f"multiple of 16 in [16, head_size = {head_size}]"
         )
 
-    for name, t in (
-        ("qkv", qkv),
-        ("key_cache", key_cache),
-        ("value_cache", value_cache),
-        ("q_out", q_out),
-        ("cos_sin_cache", cos_sin_cache),
-    ):
+    for name in ("qkv", "key_cache", "value_cache", "q_out", "cos_sin_cache"):
+        t = getattr(args, name)
         _check_aligned(name, t)
 
     try:
-        policy = QkNormPolicy(norm_policy)
+        policy = QkNormPolicy(args.norm_policy)
     except ValueError:
         raise ValueError(
-            f"norm_policy is {norm_policy!r}; accepted: "
+            f"norm_policy is {args.norm_policy!r}; accepted: "
             f"{[int(p) for p in QkNormPolicy]} ({', '.join(QkNormPolicy.__members__)})"
         ) from None
     if policy != QkNormPolicy.NONE:
-        for name, w in (
-            ("q_norm_weight", q_norm_weight),
-            ("k_norm_weight", k_norm_weight),
-        ):
+        for name in ("q_norm_weight", "k_norm_weight"):
+            w = getattr(args, name)
             if w is None:
                 raise ValueError(
                     f"{name} is required when norm_policy is {policy.name}"
@@ -368,18 +419,18 @@ def validate_rope_norm_store_kv(
                 raise ValueError(
                     f"{name} must have shape ({head_size},), got {tuple(w.shape)}"
                 )
-            _check_dtype(name, w, (torch.float32, qkv.dtype))
+            _check_dtype(name, w, (torch.float32, args.qkv.dtype))
             _check_device(name, w, device)
             _check_contiguous(name, w)
             _check_aligned(name, w)
-        assert q_norm_weight is not None and k_norm_weight is not None
-        if q_norm_weight.dtype != k_norm_weight.dtype:
+        assert args.q_norm_weight is not None and args.k_norm_weight is not None
+        if args.q_norm_weight.dtype != args.k_norm_weight.dtype:
             raise ValueError(
-                f"q_norm_weight dtype {q_norm_weight.dtype} must equal "
-                f"k_norm_weight dtype {k_norm_weight.dtype}"
+                f"q_norm_weight dtype {args.q_norm_weight.dtype} must equal "
+                f"k_norm_weight dtype {args.k_norm_weight.dtype}"
             )
-        if not eps > 0.0:
-            raise ValueError(f"eps must be positive, got {eps}")
+        if not args.eps > 0.0:
+            raise ValueError(f"eps must be positive, got {args.eps}")
 
 
 # ---------------------------------------------------------------------------
@@ -459,6 +510,39 @@ def _check_paged_cache(
         _check_strides(name, cache, range(3), 16 // kv_bytes)
         _check_aligned(name, cache)
     return block_size, num_kv_heads, head_size, key_cache.dtype == torch.float8_e4m3fn
+
+
+# What each attention op reads of its workspace (fields and their dtypes),
+# and which of its tensor arguments are checked to be on the workspace's
+# device first (the lengths of prefill and the scales come later).
+_DECODE_READS = {
+    "plan_buffer": torch.int32,
+    "partial_out": torch.float32,
+    "partial_lse": torch.float32,
+    "piece_counters": torch.int32,
+}
+_DECODE_TENSORS = ("q", "key_cache", "value_cache", "block_table", "kv_lens", "out")
+_PREFILL_READS = {"plan_buffer": torch.int32}
+_PREFILL_TENSORS = ("q", "key_cache", "value_cache", "block_table", "out")
+
+
+def _check_attention_call(
+    op: str,
+    args: SimpleNamespace,
+    kind: str,
+    reads: dict[str, torch.dtype],
+    tensors: tuple[str, ...],
+) -> tuple[torch.device, int, int, bool]:
+    """What the arguments of the attention ``op`` share: the workspace (a
+    ``kind``) with the fields ``reads`` lists, the ``tensors`` on its
+    device, and the paged K/V cache; returns (the device, num_kv_heads,
+    head_size, whether the cache is FP8)."""
+    device = _check_workspace(args.workspace, kind, op, **reads)
+    _check_on_device(device, **{name: getattr(args, name) for name in tensors})
+    _, num_kv_heads, head_size, fp8_kv = _check_paged_cache(
+        args.key_cache, args.value_cache
+    )
+    return device, num_kv_heads, head_size, fp8_kv
 
 
 def _check_query(
@@ -604,46 +688,32 @@ def _check_window(window: int) -> None:
         raise ValueError(f"window is {window!r}; accepted: 0 (none) or a positive int")
 
 
-def validate_decode_workspace(
-    *,
-    max_batch: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_size: int,
-    max_kv_tokens: int,
-    device: torch.device | str,
-    max_query_tokens: int = 1,
-    kv_cache_dtype: torch.dtype = torch.bfloat16,
-    mode: SplitMode | int | None = None,
-    min_split_len: int = 256,
-    fixed_split_len: int = 0,
-    window: int = 0,
-    num_ctas: int | None = None,
-) -> SplitMode:
-    """Checks the arguments of ``DecodeWorkspace.create`` and returns the
-    split mode it plans with (:func:`validate_split_mode`)."""
-    device = torch.device(device)
+def validate_decode_workspace(args: SimpleNamespace) -> None:
+    """Checks the arguments of ``DecodeWorkspace.create`` (by name, as
+    :func:`validated_by` hands them over) but its split settings, which
+    ``create`` resolves through :func:`validate_split_mode`."""
+    device = torch.device(args.device)
     if device.type != "cuda":
         raise ValueError(f"device must be a CUDA device, got {device}")
     _check_positive(
-        max_batch=max_batch, num_kv_heads=num_kv_heads, max_kv_tokens=max_kv_tokens
+        max_batch=args.max_batch,
+        num_kv_heads=args.num_kv_heads,
+        max_kv_tokens=args.max_kv_tokens,
     )
-    if head_size not in SUPPORTED_HEAD_SIZES:
-        raise ValueError(f"head_size is {head_size}; accepted: {SUPPORTED_HEAD_SIZES}")
-    _check_gqa(num_q_heads, num_kv_heads)
-    validate_query_tokens(max_query_tokens, num_q_heads // num_kv_heads)
-    planned = validate_split_mode(
-        mode, min_split_len=min_split_len, fixed_split_len=fixed_split_len
-    )
-    _check_window(window)
-    if kv_cache_dtype not in _DECODE_KV_DTYPES:
+    if args.head_size not in SUPPORTED_HEAD_SIZES:
         raise ValueError(
-            f"kv_cache_dtype is {kv_cache_dtype}; accepted dtypes: "
+            f"head_size is {args.head_size}; accepted: {SUPPORTED_HEAD_SIZES}"
+        )
+    _check_gqa(args.num_q_heads, args.num_kv_heads)
+    validate_query_tokens(args.max_query_tokens, args.num_q_heads // args.num_kv_heads)
+    _check_window(args.window)
+    if args.kv_cache_dtype not in _DECODE_KV_DTYPES:
+        raise ValueError(
+            f"kv_cache_dtype is {args.kv_cache_dtype}; accepted dtypes: "
             f"{_names(_DECODE_KV_DTYPES)}"
         )
-    if num_ctas is not None:
-        _check_positive(num_ctas=num_ctas)
-    return planned
+    if args.num_ctas is not None:
+        _check_positive(num_ctas=args.num_ctas)
 
 
 def validate_decode_plan(
@@ -671,60 +741,35 @@ def validate_decode_plan(
         )
 
 
-def validate_decode_attention(
-    q: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    kv_lens: torch.Tensor,
-    out: torch.Tensor,
-    workspace: DecodeWorkspaceLike,
-    *,
-    scale: float,
-    query_tokens: int = 1,
-    q_scale: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    softcap: float = 0.0,
-) -> None:
-    """Checks the arguments of ``vllm._hpc_ops.decode_attention``, the
-    workspace's fields and sizes included."""
-    device = _check_workspace(
-        workspace,
-        _DECODE_WORKSPACE,
-        "decode_attention",
-        plan_buffer=torch.int32,
-        partial_out=torch.float32,
-        partial_lse=torch.float32,
-        piece_counters=torch.int32,
+@_validator_of(ops.decode_attention)
+def validate_decode_attention(args: SimpleNamespace) -> None:
+    """Checks the arguments of ``vllm._hpc_ops.decode_attention``: the
+    workspace's buffers and the batch, heads and query tokens it was sized
+    for, the paged cache, the queries, ``kv_lens``, the block table, the
+    output, the scales and the softmax settings."""
+    workspace = args.workspace
+    _, num_kv_heads, head_size, fp8_kv = _check_attention_call(
+        "decode_attention", args, _DECODE_WORKSPACE, _DECODE_READS, _DECODE_TENSORS
     )
-    _check_on_device(
-        device,
-        q=q,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        kv_lens=kv_lens,
-        out=out,
+    tokens, num_q_heads = _check_query(
+        args.q, args.key_cache.dtype, num_kv_heads, head_size, 4
     )
-    _, num_kv_heads, head_size, fp8_kv = _check_paged_cache(key_cache, value_cache)
-    tokens, num_q_heads = _check_query(q, key_cache.dtype, num_kv_heads, head_size, 4)
-    validate_query_tokens(query_tokens, num_q_heads // num_kv_heads)
-    batch = kv_lens.shape[0] if kv_lens.dim() == 1 else -1
-    _check_ndim("kv_lens", kv_lens, 1, "[batch]")
-    _check_dtype("kv_lens", kv_lens, (torch.int32,))
-    _check_contiguous("kv_lens", kv_lens)
-    if tokens != batch * query_tokens:
+    validate_query_tokens(args.query_tokens, num_q_heads // num_kv_heads)
+    batch = args.kv_lens.shape[0] if args.kv_lens.dim() == 1 else -1
+    _check_ndim("kv_lens", args.kv_lens, 1, "[batch]")
+    _check_dtype("kv_lens", args.kv_lens, (torch.int32,))
+    _check_contiguous("kv_lens", args.kv_lens)
+    if tokens != batch * args.query_tokens:
         raise ValueError(
             f"q has {tokens} tokens; expected batch ({batch}) x query_tokens "
-            f"({query_tokens})"
+            f"({args.query_tokens})"
         )
     if (
         batch > workspace.max_batch
         or num_kv_heads != workspace.num_kv_heads
         or num_q_heads != workspace.num_q_heads
         or head_size != workspace.head_size
-        or query_tokens > workspace.max_query_tokens
+        or args.query_tokens > workspace.max_query_tokens
     ):
         raise ValueError(
             f"workspace was sized for max_batch={workspace.max_batch}, "
@@ -732,12 +777,12 @@ def validate_decode_attention(
             f"head_size={workspace.head_size}, max_query_tokens="
             f"{workspace.max_query_tokens}; got batch={batch}, heads="
             f"{num_q_heads}/{num_kv_heads}, head_size={head_size}, "
-            f"query_tokens={query_tokens}"
+            f"query_tokens={args.query_tokens}"
         )
-    _check_block_table(block_table, batch)
-    _check_output(q, out)
-    _check_attention_scales(q, q_scale, k_scale, v_scale, fp8_kv)
-    _check_softmax_args(scale, softcap)
+    _check_block_table(args.block_table, batch)
+    _check_output(args.q, args.out)
+    _check_attention_scales(args.q, args.q_scale, args.k_scale, args.v_scale, fp8_kv)
+    _check_softmax_args(args.scale, args.softcap)
 
 
 # ---------------------------------------------------------------------------
@@ -771,32 +816,28 @@ def _check_lengths(
     return batch
 
 
-def validate_prefill_workspace(
-    *,
-    max_tokens: int,
-    max_batch: int,
-    num_q_heads: int,
-    num_kv_heads: int,
-    device: torch.device | str,
-) -> None:
-    """Checks the arguments of ``PrefillWorkspace.create``."""
-    device = torch.device(device)
+def validate_prefill_workspace(args: SimpleNamespace) -> None:
+    """Checks the arguments of ``PrefillWorkspace.create`` (by name, as
+    :func:`validated_by` hands them over)."""
+    device = torch.device(args.device)
     if device.type not in ("cuda", "cpu"):
         raise ValueError(
             f"device must be a CUDA device (or the CPU for the host planner), "
             f"got {device}"
         )
     _check_positive(
-        max_tokens=max_tokens, max_batch=max_batch, num_kv_heads=num_kv_heads
+        max_tokens=args.max_tokens,
+        max_batch=args.max_batch,
+        num_kv_heads=args.num_kv_heads,
     )
-    for name, value in (("max_tokens", max_tokens), ("max_batch", max_batch)):
+    for name, value in (("max_tokens", args.max_tokens), ("max_batch", args.max_batch)):
         if value >= _INT32_MAX:
             raise ValueError(f"{name} is {value}; accepted: below 2**31 - 1")
-    if num_kv_heads > PREFILL_MAX_KV_HEADS:
+    if args.num_kv_heads > PREFILL_MAX_KV_HEADS:
         raise ValueError(
-            f"num_kv_heads is {num_kv_heads}; accepted: 1..{PREFILL_MAX_KV_HEADS}"
+            f"num_kv_heads is {args.num_kv_heads}; accepted: 1..{PREFILL_MAX_KV_HEADS}"
         )
-    _check_gqa(num_q_heads, num_kv_heads)
+    _check_gqa(args.num_q_heads, args.num_kv_heads)
 
 
 def validate_prefill_plan(
@@ -815,48 +856,31 @@ def validate_prefill_plan(
         )
 
 
-def validate_prefill_attention(
-    q: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    out: torch.Tensor,
-    workspace: PrefillWorkspaceLike,
-    *,
-    scale: float,
-    q_scale: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    softcap: float = 0.0,
-    window: int = 0,
-) -> None:
-    """Checks the arguments of ``vllm._hpc_ops.prefill_attention``, the
-    workspace's fields and sizes included."""
-    device = _check_workspace(
-        workspace, _PREFILL_WORKSPACE, "prefill_attention", plan_buffer=torch.int32
-    )
-    _check_on_device(
-        device,
-        q=q,
-        key_cache=key_cache,
-        value_cache=value_cache,
-        block_table=block_table,
-        out=out,
-    )
+@_validator_of(ops.prefill_attention)
+def validate_prefill_attention(args: SimpleNamespace) -> None:
+    """Checks the arguments of ``vllm._hpc_ops.prefill_attention``: the
+    plan and the tokens, batch and heads it was made for, the paged cache,
+    the queries, the lengths, the block table, the output, the scales, the
+    softmax settings and the window."""
     # The cache pair defines the heads, head size and block size.
-    _, num_kv_heads, head_size, fp8_kv = _check_paged_cache(key_cache, value_cache)
+    device, num_kv_heads, head_size, fp8_kv = _check_attention_call(
+        "prefill_attention", args, _PREFILL_WORKSPACE, _PREFILL_READS, _PREFILL_TENSORS
+    )
+    workspace = args.workspace
     # Queries: read by TMA, so 16-byte aligned rows.
     tokens, num_q_heads = _check_query(
-        q, key_cache.dtype, num_kv_heads, head_size, 16 // q.element_size()
+        args.q,
+        args.key_cache.dtype,
+        num_kv_heads,
+        head_size,
+        16 // args.q.element_size(),
     )
-    _check_aligned("q", q)
-    _check_output(q, out)
-    _check_attention_scales(q, q_scale, k_scale, v_scale, fp8_kv)
+    _check_aligned("q", args.q)
+    _check_output(args.q, args.out)
+    _check_attention_scales(args.q, args.q_scale, args.k_scale, args.v_scale, fp8_kv)
 
-    batch = _check_lengths(query_start_loc, seq_lens, device)
-    _check_block_table(block_table, batch)
+    batch = _check_lengths(args.query_start_loc, args.seq_lens, device)
+    _check_block_table(args.block_table, batch)
 
     if (
         tokens > workspace.max_tokens
@@ -871,8 +895,8 @@ def validate_prefill_attention(
             f"heads={num_q_heads}/{num_kv_heads}"
         )
 
-    _check_softmax_args(scale, softcap)
-    _check_window(window)
+    _check_softmax_args(args.scale, args.softcap)
+    _check_window(args.window)
 
 
 # ---------------------------------------------------------------------------
@@ -936,215 +960,194 @@ def _check_scale_shape(name: str, t: torch.Tensor, shape: tuple[int, ...]) -> No
     _check_contiguous(name, t)
 
 
-def validate_moe_workspace(
-    max_tokens: int,
-    topk: int,
-    num_local_experts: int,
-    hidden_size: int,
-    intermediate_size: int,
-) -> None:
+@_validator_of(ops.moe_workspace_bytes)
+def validate_moe_workspace(args: SimpleNamespace) -> None:
     """Checks the sizes of a fused-MoE workspace: the arguments of
     ``vllm._hpc_ops.moe_workspace_bytes`` and of ``MoeWorkspace.create``."""
-    _check_positive(max_tokens=max_tokens, num_local_experts=num_local_experts)
-    _check_topk(topk)
+    _check_positive(
+        max_tokens=args.max_tokens, num_local_experts=args.num_local_experts
+    )
+    _check_topk(args.topk)
     # The per-tensor alignment is the weaker one; block-wise calls check
     # theirs when they run.
-    _check_moe_dims(hidden_size, intermediate_size, block_wise=False)
+    _check_moe_dims(args.hidden_size, args.intermediate_size, block_wise=False)
 
 
-def validate_moe_tiling(
-    num_tokens: int,
-    topk: int,
-    num_local_experts: int,
-    num_experts: int,
-    hidden_size: int,
-    intermediate_size: int,
-    num_sms: int,
-    block_wise: bool = False,
-) -> None:
+@_validator_of(ops.moe_tiling)
+def validate_moe_tiling(args: SimpleNamespace) -> None:
     """Checks the arguments of ``vllm._hpc_ops.moe_tiling``."""
     _check_positive(
-        num_tokens=num_tokens, num_local_experts=num_local_experts, num_sms=num_sms
+        num_tokens=args.num_tokens,
+        num_local_experts=args.num_local_experts,
+        num_sms=args.num_sms,
     )
-    _check_topk(topk)
-    if num_experts < num_local_experts:
+    _check_topk(args.topk)
+    if args.num_experts < args.num_local_experts:
         raise ValueError(
-            f"num_experts ({num_experts}) must be >= num_local_experts "
-            f"({num_local_experts})"
+            f"num_experts ({args.num_experts}) must be >= num_local_experts "
+            f"({args.num_local_experts})"
         )
-    _check_moe_dims(hidden_size, intermediate_size, block_wise=block_wise)
+    _check_moe_dims(
+        args.hidden_size, args.intermediate_size, block_wise=args.block_wise
+    )
 
 
-def validate_fused_moe_fp8(
-    hidden_states: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
-    topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor,
-    out: torch.Tensor,
-    workspace: MoeWorkspaceLike,
-    *,
-    w13_scale: torch.Tensor,
-    w2_scale: torch.Tensor,
-    a1_scale: torch.Tensor | None = None,
-    a2_scale: torch.Tensor | None = None,
-    block_shape: tuple[int, int] | list[int] | None = None,
-    expert_map: torch.Tensor | None = None,
-    expert_offset: int = 0,
-    shared_output: torch.Tensor | None = None,
-    apply_router_weight_on_input: bool = False,
-    global_num_experts: int | None = None,
-) -> None:
+@_validator_of(ops.fused_moe_fp8)
+def validate_fused_moe_fp8(args: SimpleNamespace) -> None:
     """Checks the arguments of ``vllm._hpc_ops.fused_moe_fp8``, the
     workspace's fields and sizes included."""
+    workspace = args.workspace
     device = _check_workspace(
         workspace, _MOE_WORKSPACE, "fused_moe_fp8", buffer=torch.uint8
     )
     _check_ndim("workspace.buffer", workspace.buffer, 1, "[bytes]")
-    for name, t in (
-        ("hidden_states", hidden_states),
-        ("w13", w13),
-        ("w2", w2),
-        ("topk_weights", topk_weights),
-        ("topk_ids", topk_ids),
-        ("out", out),
-        ("w13_scale", w13_scale),
-        ("w2_scale", w2_scale),
+    for name in (
+        "hidden_states",
+        "w13",
+        "w2",
+        "topk_weights",
+        "topk_ids",
+        "out",
+        "w13_scale",
+        "w2_scale",
     ):
+        t = getattr(args, name)
         _check_tensor(name, t)
 
-    if block_shape is None:
+    if args.block_shape is None:
         block_wise = False
     else:
         try:
-            shape = tuple(int(b) for b in block_shape)
+            shape = tuple(int(b) for b in args.block_shape)
         except (TypeError, ValueError):
             shape = None
         if shape != MOE_BLOCK_SHAPE:
             raise ValueError(
-                f"block_shape is {block_shape!r}; accepted: None (per-tensor) or "
+                f"block_shape is {args.block_shape!r}; accepted: None (per-tensor) or "
                 f"{MOE_BLOCK_SHAPE} (block-wise)"
             )
         block_wise = True
 
     # Weights define E_local, H and I.
-    _check_ndim("w13", w13, 3, "[num_local_experts, 2 * intermediate_size, hidden]")
-    _check_ndim("w2", w2, 3, "[num_local_experts, hidden_size, intermediate_size]")
-    _check_dtype("w13", w13, (_MOE_FP8,))
-    _check_dtype("w2", w2, (_MOE_FP8,))
-    num_experts, two_i, hidden_size = w13.shape
+    _check_ndim(
+        "w13", args.w13, 3, "[num_local_experts, 2 * intermediate_size, hidden]"
+    )
+    _check_ndim("w2", args.w2, 3, "[num_local_experts, hidden_size, intermediate_size]")
+    _check_dtype("w13", args.w13, (_MOE_FP8,))
+    _check_dtype("w2", args.w2, (_MOE_FP8,))
+    num_experts, two_i, hidden_size = args.w13.shape
     if two_i % 2:
         raise ValueError(
             f"w13.shape[1] is {two_i}; expected 2 * intermediate_size (gate "
             "rows, then up rows)"
         )
     inter = two_i // 2
-    if tuple(w2.shape) != (num_experts, hidden_size, inter):
+    if tuple(args.w2.shape) != (num_experts, hidden_size, inter):
         raise ValueError(
-            f"w2 shape {tuple(w2.shape)} must be [num_local_experts, hidden_size, "
+            f"w2 shape {tuple(args.w2.shape)} must be [num_local_experts, hidden_size, "
             f"intermediate_size] = {(num_experts, hidden_size, inter)} to match w13"
         )
     if num_experts < 1:
         raise ValueError("w13 has no experts; accepted: num_local_experts >= 1")
     _check_moe_dims(hidden_size, inter, block_wise)
-    _check_contiguous("w13", w13)
-    _check_contiguous("w2", w2)
+    _check_contiguous("w13", args.w13)
+    _check_contiguous("w2", args.w2)
 
     # Activations and routing.
-    _check_ndim("hidden_states", hidden_states, 2, "[num_tokens, hidden_size]")
-    _check_dtype("hidden_states", hidden_states, _MOE_HIDDEN_DTYPES)
-    num_tokens = hidden_states.shape[0]
-    _check_rows("hidden_states", hidden_states, (num_tokens, hidden_size))
-    _check_dtype("out", out, _ACTIVATION_DTYPES)
-    _check_rows("out", out, (num_tokens, hidden_size))
-    _check_ndim("topk_ids", topk_ids, 2, "[num_tokens, topk]")
-    _check_dtype("topk_ids", topk_ids, _INDEX_DTYPES)
-    topk = topk_ids.shape[1]
-    if topk_ids.shape[0] != num_tokens:
+    _check_ndim("hidden_states", args.hidden_states, 2, "[num_tokens, hidden_size]")
+    _check_dtype("hidden_states", args.hidden_states, _MOE_HIDDEN_DTYPES)
+    num_tokens = args.hidden_states.shape[0]
+    _check_rows("hidden_states", args.hidden_states, (num_tokens, hidden_size))
+    _check_dtype("out", args.out, _ACTIVATION_DTYPES)
+    _check_rows("out", args.out, (num_tokens, hidden_size))
+    _check_ndim("topk_ids", args.topk_ids, 2, "[num_tokens, topk]")
+    _check_dtype("topk_ids", args.topk_ids, _INDEX_DTYPES)
+    topk = args.topk_ids.shape[1]
+    if args.topk_ids.shape[0] != num_tokens:
         raise ValueError(
-            f"topk_ids shape {tuple(topk_ids.shape)} must be [num_tokens, topk] "
+            f"topk_ids shape {tuple(args.topk_ids.shape)} must be [num_tokens, topk] "
             f"with num_tokens = {num_tokens}"
         )
     _check_topk(topk, "topk (topk_ids.shape[1])")
-    _check_contiguous("topk_ids", topk_ids)
-    _check_ndim("topk_weights", topk_weights, 2, "[num_tokens, topk]")
-    _check_dtype("topk_weights", topk_weights, (torch.float32,))
-    if topk_weights.shape != topk_ids.shape:
+    _check_contiguous("topk_ids", args.topk_ids)
+    _check_ndim("topk_weights", args.topk_weights, 2, "[num_tokens, topk]")
+    _check_dtype("topk_weights", args.topk_weights, (torch.float32,))
+    if args.topk_weights.shape != args.topk_ids.shape:
         raise ValueError(
-            f"topk_weights shape {tuple(topk_weights.shape)} must equal topk_ids "
-            f"shape {tuple(topk_ids.shape)}"
+            f"topk_weights shape {tuple(args.topk_weights.shape)} must equal topk_ids "
+            f"shape {tuple(args.topk_ids.shape)}"
         )
-    _check_contiguous("topk_weights", topk_weights)
-    if apply_router_weight_on_input and topk != 1:
+    _check_contiguous("topk_weights", args.topk_weights)
+    if args.apply_router_weight_on_input and topk != 1:
         raise ValueError(
             f"apply_router_weight_on_input needs topk == 1, got topk = {topk}"
         )
-    if shared_output is not None:
-        _check_tensor("shared_output", shared_output)
-        if shared_output.dtype != out.dtype:
+    if args.shared_output is not None:
+        _check_tensor("shared_output", args.shared_output)
+        if args.shared_output.dtype != args.out.dtype:
             raise ValueError(
-                f"shared_output dtype {shared_output.dtype} must equal out dtype "
-                f"{out.dtype}"
+                f"shared_output dtype {args.shared_output.dtype} must equal out dtype "
+                f"{args.out.dtype}"
             )
-        _check_rows("shared_output", shared_output, (num_tokens, hidden_size))
+        _check_rows("shared_output", args.shared_output, (num_tokens, hidden_size))
 
     # Scales.
-    fp8_input = hidden_states.dtype == _MOE_FP8
+    fp8_input = args.hidden_states.dtype == _MOE_FP8
     h_blocks = hidden_size // MOE_BLOCK_SHAPE[1]
     if block_wise:
         i_blocks = inter // MOE_BLOCK_SHAPE[0]
         _check_scale_shape(
-            "w13_scale", w13_scale, (num_experts, 2 * i_blocks, h_blocks)
+            "w13_scale", args.w13_scale, (num_experts, 2 * i_blocks, h_blocks)
         )
-        _check_scale_shape("w2_scale", w2_scale, (num_experts, h_blocks, i_blocks))
+        _check_scale_shape("w2_scale", args.w2_scale, (num_experts, h_blocks, i_blocks))
         if fp8_input:
-            if a1_scale is None:
+            if args.a1_scale is None:
                 raise ValueError(
                     "a1_scale is required with float8_e4m3fn hidden_states: "
                     f"float32 [num_tokens, hidden_size / 128] = "
                     f"{(num_tokens, h_blocks)}"
                 )
-            _check_scale_shape("a1_scale", a1_scale, (num_tokens, h_blocks))
-        elif a1_scale is not None:
+            _check_scale_shape("a1_scale", args.a1_scale, (num_tokens, h_blocks))
+        elif args.a1_scale is not None:
             raise ValueError(
                 "a1_scale must be None with 16-bit hidden_states in block-wise "
                 "mode (they are quantized per 1x128 group inside)"
             )
-        if a2_scale is not None:
+        if args.a2_scale is not None:
             raise ValueError(
                 "a2_scale must be None in block-wise mode (the intermediate is "
                 "quantized per 1x128 group inside)"
             )
     else:
-        _check_scale_shape("w13_scale", w13_scale, (num_experts,))
-        _check_scale_shape("w2_scale", w2_scale, (num_experts,))
-        if a1_scale is not None:
-            _check_scale_scalar("a1_scale", a1_scale)
+        _check_scale_shape("w13_scale", args.w13_scale, (num_experts,))
+        _check_scale_shape("w2_scale", args.w2_scale, (num_experts,))
+        if args.a1_scale is not None:
+            _check_scale_scalar("a1_scale", args.a1_scale)
         elif fp8_input:
             raise ValueError(
                 "a1_scale is required with float8_e4m3fn hidden_states: a float32 "
                 "tensor with one element"
             )
-        if a2_scale is None:
+        if args.a2_scale is None:
             raise ValueError(
                 "a2_scale is required in per-tensor mode: a float32 tensor with "
                 "one element (the static scale of the intermediate)"
             )
-        _check_scale_scalar("a2_scale", a2_scale)
+        _check_scale_scalar("a2_scale", args.a2_scale)
 
     # Expert placement.
-    if expert_map is not None:
-        _check_tensor("expert_map", expert_map)
-        _check_ndim("expert_map", expert_map, 1, "[global_num_experts]")
-        _check_dtype("expert_map", expert_map, (torch.int32,))
-        _check_contiguous("expert_map", expert_map)
-        if expert_offset != 0:
+    if args.expert_map is not None:
+        _check_tensor("expert_map", args.expert_map)
+        _check_ndim("expert_map", args.expert_map, 1, "[global_num_experts]")
+        _check_dtype("expert_map", args.expert_map, (torch.int32,))
+        _check_contiguous("expert_map", args.expert_map)
+        if args.expert_offset != 0:
             raise ValueError(
-                f"expert_offset is {expert_offset}; it must be 0 when expert_map "
+                f"expert_offset is {args.expert_offset}; it must be 0 when expert_map "
                 "is given (the map alone places the experts)"
             )
-    elif expert_offset < 0:
-        raise ValueError(f"expert_offset is {expert_offset}; accepted: >= 0")
+    elif args.expert_offset < 0:
+        raise ValueError(f"expert_offset is {args.expert_offset}; accepted: >= 0")
 
     # The workspace.
     if (
@@ -1165,18 +1168,18 @@ def validate_fused_moe_fp8(
 
     # One CUDA device (meta while tracing), the workspace's.
     on_device: tuple[tuple[str, torch.Tensor | None], ...] = (
-        ("hidden_states", hidden_states),
-        ("w13", w13),
-        ("w2", w2),
-        ("topk_weights", topk_weights),
-        ("topk_ids", topk_ids),
-        ("out", out),
-        ("w13_scale", w13_scale),
-        ("w2_scale", w2_scale),
-        ("a1_scale", a1_scale),
-        ("a2_scale", a2_scale),
-        ("expert_map", expert_map),
-        ("shared_output", shared_output),
+        ("hidden_states", args.hidden_states),
+        ("w13", args.w13),
+        ("w2", args.w2),
+        ("topk_weights", args.topk_weights),
+        ("topk_ids", args.topk_ids),
+        ("out", args.out),
+        ("w13_scale", args.w13_scale),
+        ("w2_scale", args.w2_scale),
+        ("a1_scale", args.a1_scale),
+        ("a2_scale", args.a2_scale),
+        ("expert_map", args.expert_map),
+        ("shared_output", args.shared_output),
     )
     for name, tensor in on_device:
         if tensor is not None and tensor.device != device:
@@ -1185,9 +1188,11 @@ def validate_fused_moe_fp8(
                 f"{device}"
             )
 
-    total_experts = global_num_experts
+    total_experts = args.global_num_experts
     if total_experts is None:
-        total_experts = expert_map.shape[0] if expert_map is not None else num_experts
+        total_experts = (
+            args.expert_map.shape[0] if args.expert_map is not None else num_experts
+        )
     if total_experts < num_experts:
         raise ValueError(
             f"global_num_experts ({total_experts}) must be >= the local "

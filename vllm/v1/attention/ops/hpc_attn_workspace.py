@@ -27,6 +27,8 @@ from vllm._hpc_ops_validation import (
     validate_decode_workspace,
     validate_prefill_plan,
     validate_prefill_workspace,
+    validate_split_mode,
+    validated_by,
 )
 
 __all__ = ["DecodeWorkspace", "PrefillWorkspace"]
@@ -68,6 +70,7 @@ class DecodeWorkspace:
         return self.max_batch * self.num_kv_heads
 
     @classmethod
+    @validated_by(validate_decode_workspace)
     def create(
         cls,
         *,
@@ -95,20 +98,8 @@ class DecodeWorkspace:
         CTAs share an SM. ``num_ctas``: persistent CTAs (default: the SM
         count times the CTAs per SM of this configuration).
         """
-        mode = validate_decode_workspace(
-            max_batch=max_batch,
-            num_q_heads=num_q_heads,
-            num_kv_heads=num_kv_heads,
-            head_size=head_size,
-            max_kv_tokens=max_kv_tokens,
-            device=device,
-            max_query_tokens=max_query_tokens,
-            kv_cache_dtype=kv_cache_dtype,
-            mode=mode,
-            min_split_len=min_split_len,
-            fixed_split_len=fixed_split_len,
-            window=window,
-            num_ctas=num_ctas,
+        mode = validate_split_mode(
+            mode, min_split_len=min_split_len, fixed_split_len=fixed_split_len
         )
         device = torch.device(device)
         if num_ctas is None:
@@ -186,6 +177,7 @@ class PrefillWorkspace:
     max_tiles: int
 
     @classmethod
+    @validated_by(validate_prefill_workspace)
     def create(
         cls,
         *,
@@ -200,13 +192,6 @@ class PrefillWorkspace:
         ``device``: a CUDA device (the GPU planner), or the CPU, where
         :meth:`plan` runs the host planner (for tests; the attention itself
         needs CUDA)."""
-        validate_prefill_workspace(
-            max_tokens=max_tokens,
-            max_batch=max_batch,
-            num_q_heads=num_q_heads,
-            num_kv_heads=num_kv_heads,
-            device=device,
-        )
         layout = ops.prefill_plan_layout(
             max_tokens, max_batch, num_q_heads, num_kv_heads
         )
