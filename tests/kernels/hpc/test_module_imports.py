@@ -9,7 +9,8 @@ sources (no import runs, so no GPU, library or vLLM installation is needed).
   modules that do import each other, so it is seen to fail on a cycle.
 * The op layer (``vllm._hpc_ops``) imports torch and the standard library
   only, and its validation (``vllm._hpc_ops_validation``) the op layer
-  besides: they work on a machine with the library and no vLLM.
+  besides: they work on a machine with the library and no vLLM. It is the
+  only module that names the library's op namespace.
 * Every Python module of the sparse tree is one of ``MODULES``, so a module
   added later is checked too.
 """
@@ -181,6 +182,16 @@ def test_op_layer_imports(name: str) -> None:
         and not any(imported == a or imported.startswith(f"{a}.") for a in allowed)
     }
     assert not extra, f"{name} imports {sorted(extra)}; allowed: {sorted(allowed)}"
+
+
+def test_only_the_op_layer_names_the_library() -> None:
+    naming = [
+        name
+        for name in MODULES
+        if module_path(REPO_ROOT, name).is_file()
+        and "ops._hpc_C" in module_path(REPO_ROOT, name).read_text()
+    ]
+    assert naming == ["vllm._hpc_ops"]
 
 
 def test_every_module_of_the_tree_is_listed() -> None:
