@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -88,21 +89,13 @@ def _valid_call(
         num_padding=1,
         max_position=64,
     )
-    kwargs = dict(
-        zip(
-            (
-                "qkv",
-                "positions",
-                "slot_mapping",
-                "cos_sin_cache",
-                "key_cache",
-                "value_cache",
-                "q_out",
-            ),
-            inputs.op_args(),
-            strict=True,
-        )
-    )
+    # The op's positional parameters, by name.
+    positional = [
+        p.name
+        for p in inspect.signature(rope_norm_store_kv).parameters.values()
+        if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    kwargs = dict(zip(positional, inputs.op_args(), strict=True))
     kwargs.update(inputs.op_kwargs())
     return kwargs
 
