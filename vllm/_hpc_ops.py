@@ -173,20 +173,23 @@ class DecodeWorkspaceLike(Protocol):
     """A decode workspace (``DecodeWorkspace``): the plan, the partial
     buffers and what they were sized for."""
 
+    # What decode_attention hands to the kernel.
+    window: int  # the plan's sliding window (0: none)
+    max_ctas: int
     plan_buffer: torch.Tensor  # int32, flat
     partial_out: torch.Tensor  # float32
     partial_lse: torch.Tensor  # float32
     piece_counters: torch.Tensor  # int32 [max_units], zero between calls
-    max_batch: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_size: int
-    max_query_tokens: int
-    max_ctas: int
-    window: int
 
     @property
     def max_units(self) -> int: ...
+
+    # What its validation checks the call against besides.
+    max_batch: int
+    max_query_tokens: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_size: int
 
 
 class PrefillWorkspaceLike(Protocol):

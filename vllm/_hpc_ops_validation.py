@@ -657,6 +657,14 @@ def _check_softmax_args(scale: float, softcap: float) -> None:
         )
 
 
+def _check_plan_batch(batch: int, source: str, max_batch: int) -> None:
+    """A step's ``batch`` (read from ``source``) within the workspace's."""
+    if batch > max_batch:
+        raise ValueError(
+            f"batch {batch}{source} exceeds the workspace's max_batch {max_batch}"
+        )
+
+
 def validate_split_mode(
     mode: SplitMode | int | None, *, min_split_len: int, fixed_split_len: int
 ) -> SplitMode:
@@ -728,11 +736,7 @@ def validate_decode_plan(
     if kv_lens.device != device:
         raise ValueError(f"kv_lens is on {kv_lens.device}; expected {device}")
     _check_contiguous("kv_lens", kv_lens)
-    if kv_lens.shape[0] > workspace.max_batch:
-        raise ValueError(
-            f"batch {kv_lens.shape[0]} exceeds the workspace's max_batch "
-            f"{workspace.max_batch}"
-        )
+    _check_plan_batch(kv_lens.shape[0], "", workspace.max_batch)
     validate_query_tokens(query_tokens)
     if query_tokens > workspace.max_query_tokens:
         raise ValueError(
@@ -849,11 +853,7 @@ def validate_prefill_plan(
     ``query_start_loc`` ``[batch + 1]`` and ``seq_lens`` ``[batch]`` on the
     workspace's device, within its batch size."""
     batch = _check_lengths(query_start_loc, seq_lens, workspace.plan_buffer.device)
-    if batch > workspace.max_batch:
-        raise ValueError(
-            f"batch {batch} (seq_lens.shape[0]) exceeds the workspace's "
-            f"max_batch {workspace.max_batch}"
-        )
+    _check_plan_batch(batch, " (seq_lens.shape[0])", workspace.max_batch)
 
 
 @_validator_of(ops.prefill_attention)
@@ -1167,21 +1167,12 @@ def validate_fused_moe_fp8(args: SimpleNamespace) -> None:
         )
 
     # One CUDA device (meta while tracing), the workspace's.
-    on_device: tuple[tuple[str, torch.Tensor | None], ...] = (
-        ("hidden_states", args.hidden_states),
-        ("w13", args.w13),
-        ("w2", args.w2),
-        ("topk_weights", args.topk_weights),
-        ("topk_ids", args.topk_ids),
-        ("out", args.out),
-        ("w13_scale", args.w13_scale),
-        ("w2_scale", args.w2_scale),
-        ("a1_scale", args.a1_scale),
-        ("a2_scale", args.a2_scale),
-        ("expert_map", args.expert_map),
-        ("shared_output", args.shared_output),
+    on_device = (
+        "hidden_states w13 w2 topk_weights topk_ids out w13_scale w2_scale "
+        "a1_scale a2_scale expert_map shared_output"
     )
-    for name, tensor in on_device:
+    for name in on_device.split():
+        tensor = getattr(args, name)
         if tensor is not None and tensor.device != device:
             raise ValueError(
                 f"{name} is on {tensor.device}; expected the workspace's device "
