@@ -1,7 +1,7 @@
 // Torch-facing entry points of _hpc_C, on torch's stable C ABI. Each adapter
-// converts tensors into the kernel's plain params struct; inputs were
-// validated by vllm/_hpc_ops.py, so the adapters only STD_TORCH_CHECK the
-// invariants the kernels rely on.
+// converts tensors into the kernel's plain params struct and
+// STD_TORCH_CHECKs the invariants the kernels rely on; the argument checks a
+// caller may run are vllm/_hpc_ops_validation.py's.
 #pragma once
 
 #include <torch/csrc/stable/tensor.h>

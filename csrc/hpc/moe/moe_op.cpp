@@ -1,5 +1,6 @@
-// Stable-ABI adapter of the fused FP8 MoE pipeline. Inputs were validated by
-// vllm/_hpc_ops.py; the checks here guard the kernels' invariants.
+// Stable-ABI adapter of the fused FP8 MoE pipeline. The argument checks a
+// caller may run are vllm/_hpc_ops_validation.py's (the hot path skips them);
+// the checks here guard the kernels' invariants.
 #include <string>
 #include <utility>
 #include <vector>

@@ -1,5 +1,6 @@
-// Stable-ABI adapter of split-KV decode attention. Inputs were validated by
-// vllm/_hpc_ops.py; the checks here guard the kernels' invariants.
+// Stable-ABI adapter of split-KV decode attention. The argument checks a
+// caller may run are vllm/_hpc_ops_validation.py's (the hot path skips them);
+// the checks here guard the kernels' invariants.
 #include "attention/decode/decode.h"
 #include "common/stable_tensor.h"
 #include "ops.h"

@@ -1,5 +1,6 @@
-// Stable-ABI adapter of paged prefill attention. Inputs were validated by
-// vllm/_hpc_ops.py; the checks here guard the kernel's memory accesses.
+// Stable-ABI adapter of paged prefill attention. The argument checks a
+// caller may run are vllm/_hpc_ops_validation.py's (the hot path skips them);
+// the checks here guard the kernel's memory accesses.
 #include "attention/prefill/prefill.h"
 #include "common/stable_tensor.h"
 #include "ops.h"
