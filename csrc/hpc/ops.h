@@ -1,6 +1,6 @@
 // Torch-facing entry points of _hpc_C, on torch's stable C ABI. Each adapter
-// converts tensors into the kernel's plain params struct and
-// STD_TORCH_CHECKs the invariants the kernels rely on; the argument checks a
+// converts tensors into the kernel's plain params struct and checks (with
+// STD_TORCH_CHECK) the invariants the kernels rely on; the argument checks a
 // caller may run are vllm/_hpc_ops_validation.py's.
 #pragma once
 
