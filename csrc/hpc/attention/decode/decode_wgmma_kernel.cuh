@@ -33,8 +33,13 @@
 namespace hpc {
 namespace decode {
 
+// Persistent CTAs per SM: one, whose warpgroups' register budgets after
+// reallocation (DecodeConfig::kProducerRegs, kConsumerRegs) take the SM's
+// register file.
+constexpr int kDecodeCtasPerSm = 1;
+
 template <class Config>
-__global__ void __launch_bounds__(kWgmmaThreads, 1)
+__global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
     decode_wgmma_kernel(const __grid_constant__ DecodeParams p,
                         const __grid_constant__ CUtensorMap k_map,
                         const __grid_constant__ CUtensorMap v_map) {
