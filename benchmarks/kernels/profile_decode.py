@@ -6,9 +6,10 @@ profiler.
 The case is built exactly as the benchmark builds it (cache layout, input
 set, workspace and balanced plan); ``decode_attention`` then runs ``--runs``
 times with nothing else on the stream, so a profiler can pick one launch of
-the decode kernel (the plan is made once, before the runs), e.g.::
+the decode kernel (the plan is made once, before the runs; the name's
+anchor leaves out the planner's ``plan_decode_kernel``), e.g.::
 
-    ncu --clock-control none --kernel-name regex:decode_wgmma_kernel \\
+    ncu --clock-control none --kernel-name regex:^decode_kernel \\
         --launch-skip 1 --launch-count 1 --set full -o decode \\
         python benchmarks/kernels/profile_decode.py --case tp8-bf16
 

@@ -6,7 +6,7 @@
 #include "attention/decode/decode.h"
 
 #include "attention/common/paged_kv_tma.h"
-#include "attention/decode/decode_wgmma_kernel.cuh"
+#include "attention/decode/decode_kernel.cuh"
 
 namespace hpc {
 namespace decode {

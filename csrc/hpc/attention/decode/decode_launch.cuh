@@ -8,7 +8,7 @@
 
 #include "attention/decode/decode.h"
 #include "attention/decode/decode_config.cuh"
-#include "attention/decode/decode_wgmma_kernel.cuh"
+#include "attention/decode/decode_kernel.cuh"
 #include "common/pdl.cuh"
 #include "common/smem_config.h"
 
@@ -19,7 +19,7 @@ template <int kHeadDim, class Element, int kRows>
 void launch_config(const DecodeParams& params, const CUtensorMap& k_map,
                    const CUtensorMap& v_map, int grid, cudaStream_t stream) {
   using Config = DecodeConfig<kHeadDim, Element, kRows>;
-  auto kernel = decode_wgmma_kernel<Config>;
+  auto kernel = decode_kernel<Config>;
   configure_smem(kernel, Config::kSmemBytes, "decode_attention");
   launch_with_pdl(kernel, dim3(grid), dim3(kWgmmaThreads), Config::kSmemBytes,
                   stream, params, k_map, v_map);

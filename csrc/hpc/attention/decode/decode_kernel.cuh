@@ -1,7 +1,16 @@
-// The swap-AB split-KV decode kernel: wiring of the producer
+// The split-KV paged decode kernel: wiring of the producer
 // (decode_load.cuh), the consumer mainloop (decode_mainloop.cuh), the
 // epilogue (decode_epilogue.cuh) and the merge of split units
 // (combine.cuh), over the CTA's work items (decode_work.cuh).
+//
+// Persistent CTAs walk the plan (decode_plan.h): each takes a contiguous
+// run of granules and turns it into work items, one per (unit, tile
+// range). A unit is one KV head of one sequence; its rows are the query
+// heads of that KV head times the query tokens (up to 64). The products
+// run swap-AB on wgmma: the 64 keys of a KV tile are the M side and the
+// unit's rows the N side (decode_config.cuh). A unit that is not split
+// writes its output directly; a piece of a split unit writes fp32 O and
+// LSE rows, which the CTA that finishes the unit's last piece merges.
 //
 // One persistent CTA per SM of three warpgroups: the producer warpgroup
 // gives up registers (warp 0 copies; for FP8 caches warps 1..3 transpose
@@ -40,9 +49,9 @@ constexpr int kDecodeCtasPerSm = 1;
 
 template <class Config>
 __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
-    decode_wgmma_kernel(const __grid_constant__ DecodeParams p,
-                        const __grid_constant__ CUtensorMap k_map,
-                        const __grid_constant__ CUtensorMap v_map) {
+    decode_kernel(const __grid_constant__ DecodeParams p,
+                  const __grid_constant__ CUtensorMap k_map,
+                  const __grid_constant__ CUtensorMap v_map) {
   using namespace cute;
   extern __shared__ uint8_t decode_smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
