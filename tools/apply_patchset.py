@@ -1174,9 +1174,10 @@ SERIES: tuple[Step, ...] = (
         "planner, the paged prefill kernel, the FP8 MoE kernel, the op "
         "schemas), its CMake target (built only for 9.0a with nvcc >= 13.0) "
         "and its wiring into CMakeLists.txt and setup.py; the typed op module "
-        "vllm/_hpc_ops.py, vllm/utils/hpc.py, the attention workspaces, the "
-        "HpcRopeNorm layer; the kernel tests' set-up and the prologue's "
-        "tests and benchmark. All kernels come together because the op "
+        "vllm/_hpc_ops.py and its validation, vllm/utils/hpc.py, the "
+        "attention workspaces, the HpcRopeNorm layer; the kernel tests' "
+        "set-up and the prologue's tests and benchmark. All kernels come "
+        "together because the op "
         "registration references each of them.",
         (
             "CMakeLists.txt",
@@ -1184,12 +1185,14 @@ SERIES: tuple[Step, ...] = (
             "cmake/*",
             "csrc/hpc/*",
             "vllm/_hpc_ops.py",
+            "vllm/_hpc_ops_validation.py",
             "vllm/utils/hpc.py",
             "vllm/model_executor/layers/hpc/*",
             "vllm/v1/attention/ops/hpc_attn_workspace.py",
             "tests/kernels/hpc/conftest.py",
             "tests/kernels/hpc/utils.py",
             "tests/kernels/hpc/sanitizer_runner.py",
+            "tests/kernels/hpc/test_module_imports.py",
             "tests/kernels/hpc/*rope_norm*",
             "benchmarks/kernels/bench_utils.py",
             "benchmarks/kernels/check_hopper.py",

@@ -63,6 +63,36 @@ def import_hpc_ops() -> ModuleType:
     return hpc_ops
 
 
+def import_hpc_validation() -> ModuleType:
+    """``vllm._hpc_ops_validation`` (the ops' argument checks), found as
+    :func:`import_hpc_ops` finds the op module."""
+    import_hpc_ops()
+    import vllm._hpc_ops_validation as validation
+
+    return validation
+
+
+def validated_op(
+    op_name: str, hpc_ops: ModuleType | None = None
+) -> Callable[..., None]:
+    """The op ``op_name`` of ``vllm._hpc_ops`` (or of ``hpc_ops``), which
+    checks its arguments with ``validate_<op_name>`` on its first call only:
+    a wrong call fails there, naming the argument, and the timed calls are
+    the op alone."""
+    op = getattr(hpc_ops or import_hpc_ops(), op_name)
+    validate = getattr(import_hpc_validation(), f"validate_{op_name}")
+    checked = False
+
+    def call(*args: Any, **kwargs: Any) -> None:
+        nonlocal checked
+        if not checked:
+            validate(*args, **kwargs)
+            checked = True
+        op(*args, **kwargs)
+
+    return call
+
+
 def import_attn_workspace() -> ModuleType:
     """``vllm.v1.attention.ops.hpc_attn_workspace`` (the decode and prefill
     workspaces; torch and the op module only), found as

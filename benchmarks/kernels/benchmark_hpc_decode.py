@@ -146,6 +146,7 @@ from bench_utils import (
     time_graphs,
     time_impls,
     unavailable_reason,
+    validated_op,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -400,7 +401,7 @@ class HpcDecode:
         hq, hkv = case.heads
         self.layout = layout
         self.q_tokens = case.query_tokens
-        self.hpc_ops = hpc_ops
+        self.attention = validated_op("decode_attention", hpc_ops)
         self.ws = import_attn_workspace().DecodeWorkspace.create(
             max_batch=case.batch,
             num_q_heads=hq,
@@ -419,7 +420,7 @@ class HpcDecode:
 
     def __call__(self, s: Any) -> torch.Tensor:
         layout = self.layout
-        self.hpc_ops.decode_attention(
+        self.attention(
             s.q,
             s.key_cache,
             s.value_cache,

@@ -134,6 +134,7 @@ from bench_utils import (
     sync_quietly,
     time_graphs,
     unavailable_reason,
+    validated_op,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -659,9 +660,10 @@ def make_hpc(case: Case, problem: Problem, hpc_ops: ModuleType) -> Impl:
         intermediate_size=case.intermediate(),
     )
     block_shape = (BLOCK, BLOCK) if case.block_wise else None
+    fused_moe_fp8 = validated_op("fused_moe_fp8", hpc_ops)
 
     def run(s: InputSet) -> torch.Tensor:
-        hpc_ops.fused_moe_fp8(
+        fused_moe_fp8(
             problem.hidden,
             s.weights.w13,
             s.weights.w2,

@@ -50,8 +50,7 @@ baselines the same query values in the form each takes (below).
 
 Implementations, timed the same way on the same cache:
 
-* ``hpc``: ``prefill_attention_unchecked`` (its checked form runs once
-  first, to validate the call);
+* ``hpc``: ``prefill_attention`` (its arguments validated once first);
 * ``fa3``: vLLM's FlashAttention-3 (``flash_attn_varlen_func``,
   ``fa_version=3``) with the block table, as vLLM's FLASH_ATTN backend calls
   it: the scheduler metadata from ``get_scheduler_metadata`` once per step
@@ -141,6 +140,7 @@ from bench_utils import (
     time_graphs,
     time_impls,
     unavailable_reason,
+    validated_op,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -449,14 +449,14 @@ def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, first: InputSet) -
             },
         )
 
-    # The validating form, once: a wrong call fails here, naming the argument.
+    # Validated once: a wrong call fails here, naming the argument.
+    attention = validated_op("prefill_attention", hpc_ops)
     pos, kw = args(first)
-    hpc_ops.prefill_attention(*pos, **kw)
-    unchecked = hpc_ops.prefill_attention_unchecked
+    attention(*pos, **kw)
 
     def run(s: InputSet) -> torch.Tensor:
         pos, kw = args(s)
-        unchecked(*pos, **kw)
+        attention(*pos, **kw)
         return s.out
 
     return run

@@ -61,6 +61,7 @@ from bench_utils import (
     significant,
     time_graphs,
     unavailable_reason,
+    validated_op,
 )
 
 RESULT_NAME = Path(__file__).stem + ".json"
@@ -255,8 +256,10 @@ Impl = Callable[[InputSet], None]
 
 
 def make_hpc(case: Case, shared: Shared, hpc_ops: ModuleType) -> Impl:
+    rope_norm_store_kv = validated_op("rope_norm_store_kv", hpc_ops)
+
     def run(s: InputSet) -> None:
-        hpc_ops.rope_norm_store_kv(
+        rope_norm_store_kv(
             s.qkv,
             s.positions,
             s.slot_mapping,

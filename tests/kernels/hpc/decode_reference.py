@@ -662,26 +662,30 @@ def plan_decode_host(
     num_kv_heads * 16``); read it with :func:`decode_plan_of`.
     """
     from vllm import _hpc_ops as ops
-    from vllm.v1.attention.ops.hpc_attn_workspace import decode_workspace_sizes
+    from vllm._hpc_ops_validation import validate_query_tokens, validate_split_mode
 
-    ops._check_tensor("kv_lens", kv_lens)
-    ops._check_ndim("kv_lens", kv_lens, 1, "[batch]")
-    ops._check_dtype("kv_lens", kv_lens, (torch.int32,))
-    ops._check_positive(num_kv_heads=num_kv_heads)
-    ops._check_query_tokens(query_tokens)
-    ops._check_positive(num_ctas=num_ctas)
-    ops._check_split_len("min_split_len", min_split_len)
-    ops._check_split_len("fixed_split_len", fixed_split_len)
+    if (
+        not isinstance(kv_lens, torch.Tensor)
+        or kv_lens.dim() != 1
+        or kv_lens.dtype != torch.int32
+    ):
+        raise ValueError(f"kv_lens must be an int32 [batch] tensor, got {kv_lens!r}")
+    for name, value in (("num_kv_heads", num_kv_heads), ("num_ctas", num_ctas)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    validate_query_tokens(query_tokens)
+    mode = validate_split_mode(
+        mode, min_split_len=min_split_len, fixed_split_len=fixed_split_len
+    )
     if window < 0:
         raise ValueError(f"window is {window}; accepted: 0 (none) or a positive int")
     if kv_lens.device.type != "cpu":
         raise ValueError(f"kv_lens must be on the CPU, got {kv_lens.device}")
-    mode = ops._resolve_mode(mode, fixed_split_len)
     batch = kv_lens.shape[0] if max_batch is None else max_batch
     if batch < kv_lens.shape[0]:
         raise ValueError(f"max_batch {batch} < len(kv_lens) {kv_lens.shape[0]}")
     max_units = batch * num_kv_heads
-    max_ctas, _ = decode_workspace_sizes(
+    max_ctas, _ = ops.decode_workspace_sizes(
         mode,
         batch,
         num_kv_heads,
@@ -690,16 +694,16 @@ def plan_decode_host(
         max(1, fixed_split_len // ops.DECODE_TILE_TOKENS),
     )
     plan = torch.zeros(ops.decode_plan_size(max_units, max_ctas), dtype=torch.int32)
-    torch.ops._hpc_C.plan_decode(
+    ops.plan_decode(
         kv_lens.contiguous(),
         plan,
-        num_kv_heads,
-        query_tokens,
-        window,
-        num_ctas if mode != ops.SplitMode.STATIC else max_ctas,
-        max_units,
-        min_split_len // ops.DECODE_TILE_TOKENS,
-        int(mode),
-        fixed_split_len // ops.DECODE_TILE_TOKENS,
+        num_kv_heads=num_kv_heads,
+        query_tokens=query_tokens,
+        window=window,
+        num_ctas=num_ctas if mode != ops.SplitMode.STATIC else max_ctas,
+        max_units=max_units,
+        min_split_tiles=min_split_len // ops.DECODE_TILE_TOKENS,
+        mode=mode,
+        split_tiles=fixed_split_len // ops.DECODE_TILE_TOKENS,
     )
     return plan

@@ -31,7 +31,7 @@ routing, and expert parallelism as a contiguous local range
 (``expert_offset``) or a scattered ``expert_map``.
 
 This module imports torch only (and the error measures of ``utils``);
-``moe_workspace`` imports the op module when called.
+``moe_workspace`` imports the op module and its validation when called.
 """
 
 from __future__ import annotations
@@ -802,6 +802,7 @@ def moe_workspace(
     (``moe_workspace_bytes``). ``MoeWorkspace`` itself belongs to the vLLM
     layer (``hpc_moe``), and the kernel tests run without vLLM."""
     from vllm import _hpc_ops
+    from vllm._hpc_ops_validation import validate_moe_workspace
 
     sizes = {
         "max_tokens": max_tokens,
@@ -810,6 +811,7 @@ def moe_workspace(
         "hidden_size": hidden_size,
         "intermediate_size": intermediate_size,
     }
+    validate_moe_workspace(**sizes)
     nbytes = _hpc_ops.moe_workspace_bytes(**sizes)
     buffer = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     return SimpleNamespace(buffer=buffer, **sizes)

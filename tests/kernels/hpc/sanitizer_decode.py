@@ -26,7 +26,12 @@ import torch
 from tests.kernels.hpc import sanitizer_runner
 from tests.kernels.hpc.decode_reference import make_decode_inputs, read_decode_plan
 from tests.kernels.hpc.sanitizer_runner import Case, Check
-from tests.kernels.hpc.utils import FP8_DTYPE, CacheLayout, import_attn_workspace
+from tests.kernels.hpc.utils import (
+    FP8_DTYPE,
+    CacheLayout,
+    import_attn_workspace,
+    import_hpc_validation,
+)
 
 # Small, but each exercises a different path. "inputs" go to
 # make_decode_inputs, "workspace" to DecodeWorkspace.create; "split" says
@@ -166,6 +171,8 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     workspaces = import_attn_workspace()
     ws = workspaces.DecodeWorkspace.create(**inputs.workspace_kwargs(), **ws_kwargs)
     ws.plan(inputs.kv_lens, inputs.query_tokens)
+    validation = import_hpc_validation()
+    validation.validate_decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     hpc_ops.decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     torch.accelerator.synchronize()
     plan = read_decode_plan(ws)

@@ -33,6 +33,7 @@ from tests.kernels.hpc.moe_reference import (
     moe_workspace,
 )
 from tests.kernels.hpc.sanitizer_runner import Case, Check
+from tests.kernels.hpc.utils import import_hpc_validation
 
 # Small, but each exercises a different path. "weights" go to
 # make_moe_weights, "inputs" to make_moe_inputs; "spare" extra workspace
@@ -193,14 +194,12 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
 
     # Twice on one workspace: the second run finds the split-K counters the
     # first one left behind.
+    args = (*inputs.op_args(), ws)
+    kwargs = {**inputs.op_kwargs(), "global_num_experts": inputs.num_global_experts}
+    import_hpc_validation().validate_fused_moe_fp8(*args, **kwargs)
     for run in range(2):
         inputs.poison_out()
-        hpc_ops.fused_moe_fp8(
-            *inputs.op_args(),
-            ws,
-            **inputs.op_kwargs(),
-            global_num_experts=inputs.num_global_experts,
-        )
+        hpc_ops.fused_moe_fp8(*args, **kwargs)
         torch.accelerator.synchronize()
         label = f"{name} run {run}"
         check(label, functools.partial(verify, label))

@@ -27,7 +27,12 @@ import torch
 from tests.kernels.hpc import sanitizer_runner
 from tests.kernels.hpc.prefill_reference import make_prefill_inputs
 from tests.kernels.hpc.sanitizer_runner import Case, Check
-from tests.kernels.hpc.utils import FP8_DTYPE, CacheLayout, import_attn_workspace
+from tests.kernels.hpc.utils import (
+    FP8_DTYPE,
+    CacheLayout,
+    import_attn_workspace,
+    import_hpc_validation,
+)
 
 
 def _case(
@@ -120,6 +125,8 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     ws = workspaces.PrefillWorkspace.create(**inputs.workspace_kwargs())
     inputs.poison_out()
     ws.plan(inputs.query_start_loc, inputs.seq_lens)
+    validation = import_hpc_validation()
+    validation.validate_prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     hpc_ops.prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     torch.accelerator.synchronize()
 

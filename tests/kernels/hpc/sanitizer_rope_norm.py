@@ -33,6 +33,7 @@ from tests.kernels.hpc.rope_norm_reference import (
     make_prologue_inputs,
 )
 from tests.kernels.hpc.sanitizer_runner import Case, Check
+from tests.kernels.hpc.utils import import_hpc_validation
 
 # Small, but each exercises a different path: both layouts, both RoPE
 # styles, partial rotary, every norm policy, FP8 cache and Q, padding,
@@ -113,6 +114,8 @@ def run_case(hpc_ops: ModuleType, case: Case, seed: int, check: Check) -> None:
     kwargs = {key: value for key, value in case.items() if key != "name"}
     inputs = make_prologue_inputs(**kwargs, seed=seed, device="cuda")  # type: ignore[arg-type]
     qkv_before = inputs.qkv.clone()
+    validation = import_hpc_validation()
+    validation.validate_rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
     hpc_ops.rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
     torch.accelerator.synchronize()
 

@@ -60,6 +60,7 @@ from tests.kernels.hpc.utils import (
     run_and_check,
 )
 from vllm._hpc_ops import SplitMode, decode_attention, decode_plan_size
+from vllm._hpc_ops_validation import validate_decode_attention
 from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace
 
 pytestmark = pytest.mark.gpu
@@ -147,6 +148,7 @@ class Case:
 
 def _run(inputs: DecodeInputs, ws: DecodeWorkspace) -> None:
     ws.plan(inputs.kv_lens, inputs.query_tokens)
+    validate_decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
     decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
 
@@ -713,6 +715,7 @@ def test_repeated_calls(case: Case) -> None:
     inputs = case.build()
     ws = case.workspace(inputs)
     ws.plan(inputs.kv_lens, inputs.query_tokens)
+    validate_decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
     def call() -> None:
         decode_attention(*inputs.op_args(), ws, **inputs.op_kwargs())

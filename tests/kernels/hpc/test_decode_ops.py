@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""CPU checks of the decode-attention op layer: argument validation (every
-bad input names itself) and the fake implementations used by torch.compile.
+"""CPU checks of the decode-attention op layer: argument validation
+(``validate_decode_attention`` and the workspace's: every bad input names
+itself) and the fake implementations used by torch.compile.
 Inputs live on the meta device, so no GPU is needed."""
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from tests.kernels.hpc.utils import (
     cache_argument_cases,
     import_attn_workspace,
     import_hpc_ops,
+    import_hpc_validation,
 )
 
 if TYPE_CHECKING:
     from vllm.v1.attention.ops.hpc_attn_workspace import DecodeWorkspace
 
 hpc_ops = import_hpc_ops()
+validation = import_hpc_validation()
 workspaces = import_attn_workspace()
 
 pytestmark = pytest.mark.skipif(
@@ -75,6 +78,7 @@ def inputs(kv_dtype: torch.dtype = torch.bfloat16) -> dict:
 
 
 def call(args: dict) -> None:
+    """Validates the arguments, then calls the op."""
     args = dict(args)
     positional = [
         args.pop(k)
@@ -88,6 +92,7 @@ def call(args: dict) -> None:
             "workspace",
         )
     ]
+    validation.validate_decode_attention(*positional, **args)
     hpc_ops.decode_attention(*positional, **args)
 
 

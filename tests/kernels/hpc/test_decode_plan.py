@@ -76,10 +76,10 @@ def workspace_sizes(
 ) -> tuple[int, int]:
     """The planner's (CTA slots, partial rows) for a cache holding exactly
     these sequences."""
-    from vllm.v1.attention.ops.hpc_attn_workspace import decode_workspace_sizes
+    from vllm._hpc_ops_validation import validate_split_mode
 
-    mode = hpc_ops._resolve_mode(mode, fixed_split_len)
-    return decode_workspace_sizes(
+    mode = validate_split_mode(mode, min_split_len=0, fixed_split_len=fixed_split_len)
+    return hpc_ops.decode_workspace_sizes(
         mode,
         len(lens),
         num_kv_heads,

@@ -54,6 +54,7 @@ from tests.kernels.hpc.moe_reference import (
 )
 from tests.kernels.hpc.utils import bitwise_equal
 from vllm._hpc_ops import fused_moe_fp8, moe_tiling
+from vllm._hpc_ops_validation import validate_fused_moe_fp8
 
 pytestmark = pytest.mark.gpu
 
@@ -180,12 +181,11 @@ class Case:
 
 
 def _run(inputs: MoeInputs, ws: SimpleNamespace) -> None:
-    fused_moe_fp8(
-        *inputs.op_args(),
-        ws,
-        **inputs.op_kwargs(),
-        global_num_experts=inputs.num_global_experts,
-    )
+    """Validates the arguments, then calls the op."""
+    args = (*inputs.op_args(), ws)
+    kwargs = {**inputs.op_kwargs(), "global_num_experts": inputs.num_global_experts}
+    validate_fused_moe_fp8(*args, **kwargs)
+    fused_moe_fp8(*args, **kwargs)
 
 
 def _check(inputs: MoeInputs, what: str) -> None:

@@ -2,9 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """CPU checks of the fused FP8 MoE op layer and of its reference.
 
-* Argument validation of ``fused_moe_fp8`` and ``moe_workspace_bytes``:
-  every rejected input raises ``ValueError`` naming the argument. Inputs live
-  on the meta device; validation runs before the library is needed. The
+* Argument validation of ``fused_moe_fp8``, ``moe_workspace_bytes`` and
+  ``moe_tiling`` (``vllm._hpc_ops_validation``): every rejected input raises
+  ``ValueError`` naming the argument. Inputs live on the meta device;
+  validation needs no library. The
   workspace is a stand-in with the fields the op reads (``MoeWorkspace``
   belongs to the vLLM layer; its tests are in tests/kernels/moe/).
 * Valid calls on meta tensors reach the op's fake implementation, which
@@ -43,12 +44,13 @@ from tests.kernels.hpc.moe_reference import (
     make_routing,
     moe_workspace,
 )
-from tests.kernels.hpc.utils import import_hpc_ops
+from tests.kernels.hpc.utils import import_hpc_ops, import_hpc_validation
 
 if TYPE_CHECKING:
     from vllm._hpc_ops import MoeTiling
 
 hpc_ops = import_hpc_ops()
+validation = import_hpc_validation()
 
 
 needs_op = pytest.mark.skipif(
@@ -122,8 +124,10 @@ _POSITIONAL = ("hidden_states", "w13", "w2", "topk_weights", "topk_ids", "out")
 
 
 def call(args: dict) -> None:
+    """Validates the arguments, then calls the op."""
     args = dict(args)
     positional = [args.pop(k) for k in (*_POSITIONAL, "workspace")]
+    validation.validate_fused_moe_fp8(*positional, **args)
     hpc_ops.fused_moe_fp8(*positional, **args)
 
 
@@ -184,7 +188,7 @@ def test_valid_inputs_reach_the_op(args: dict) -> None:
 def test_valid_inputs_need_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without the library, a valid call gets past validation and stops with
     a RuntimeError that says so."""
-    monkeypatch.setattr(hpc_ops, "_LIBRARY_LOADED", False)
+    monkeypatch.setattr(hpc_ops, "_C", hpc_ops._MissingLibrary())
     with pytest.raises(RuntimeError, match=r"vllm\._hpc_C is not built or failed"):
         call(inputs())
 
@@ -489,7 +493,7 @@ def test_workspace_size_validation(kwargs: dict, match: str) -> None:
     }
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        hpc_ops.moe_workspace_bytes(**args)
+        validation.validate_moe_workspace(**args)
 
 
 def test_public_names() -> None:
@@ -848,7 +852,7 @@ def test_tiling_validation(kwargs: dict, match: str) -> None:
     )
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
-        hpc_ops.moe_tiling(**args)
+        validation.validate_moe_tiling(**args)
 
 
 # ---------------------------------------------------------------------------

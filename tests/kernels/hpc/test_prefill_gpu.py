@@ -19,12 +19,13 @@ of a 32K context; head sizes x GQA ratios x block sizes x cache layouts;
 FP8 caches with bf16, fp16 and FP8 queries (16-bit ones also off the FP8
 grid, quantized by the kernel); sliding windows, soft-cap and
 scales; mixed batches of short and long requests; outputs of the other
-16-bit dtype; workspaces larger than the batch. Plus: the checked and
-unchecked forms write the same bits, and CUDA-graph capture of plan and
-attention replayed with new lengths in the same buffers.
+16-bit dtype; workspaces larger than the batch. Plus: runs with and without
+the argument validation write the same bits, and CUDA-graph capture of plan
+and attention replayed with new lengths in the same buffers.
 
-Imports only torch, the references, ``utils``, ``vllm._hpc_ops`` and the
-attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
+Imports only torch, the references, ``utils``, ``vllm._hpc_ops``, its
+validation and the attention workspaces
+(``vllm.v1.attention.ops.hpc_attn_workspace``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ from tests.kernels.hpc.utils import (
     print_check,
     run_and_check,
 )
-from vllm._hpc_ops import prefill_attention, prefill_attention_unchecked
+from vllm._hpc_ops import prefill_attention
+from vllm._hpc_ops_validation import validate_prefill_attention
 from vllm.v1.attention.ops.hpc_attn_workspace import PrefillWorkspace
 
 pytestmark = pytest.mark.gpu
@@ -161,10 +163,11 @@ class Case:
         return PrefillWorkspace.create(**kwargs)  # type: ignore[arg-type]
 
 
-def _run(inputs: PrefillInputs, ws: PrefillWorkspace, checked: bool = True) -> None:
-    attention = prefill_attention if checked else prefill_attention_unchecked
+def _run(inputs: PrefillInputs, ws: PrefillWorkspace, validate: bool = True) -> None:
     ws.plan(inputs.query_start_loc, inputs.seq_lens)
-    attention(*inputs.op_args(), ws, **inputs.op_kwargs())
+    if validate:
+        validate_prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
+    prefill_attention(*inputs.op_args(), ws, **inputs.op_kwargs())
 
 
 def _run_and_check(case: Case) -> PrefillInputs:
@@ -402,7 +405,7 @@ def test_output_dtype(case: Case) -> None:
     _run_and_check(case)
 
 
-_UNCHECKED_CASES = [
+_RERUN_CASES = [
     Case(lens=MIXED, heads=(16, 2)),
     Case(
         lens=RANDOM_9,
@@ -418,19 +421,20 @@ _UNCHECKED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", params(_UNCHECKED_CASES))
-def test_unchecked_matches_checked(case: Case) -> None:
-    """The unchecked form writes the checked form's bits, and a second
-    checked run writes them again (every tile is computed on its own, so
-    the planner's order inside a cost bucket does not change the output)."""
+@pytest.mark.parametrize("case", params(_RERUN_CASES))
+def test_reruns_write_the_same_bits(case: Case) -> None:
+    """A run without the validation writes the first (validated) run's
+    bits, and a second validated run writes them again (every tile is
+    computed on its own, so the planner's order inside a cost bucket does
+    not change the output)."""
     inputs = _run_and_check(case)
     first = inputs.out.clone()
     ws = case.workspace(inputs)
-    for checked in (False, True):
+    for validate in (False, True):
         inputs.poison_out()
-        _run(inputs, ws, checked=checked)
+        _run(inputs, ws, validate=validate)
         torch.accelerator.synchronize()
-        form = "checked" if checked else "unchecked"
+        form = "validated" if validate else "unvalidated"
         assert bitwise_equal(inputs.out, first), (
             f"{case.id}: the {form} run differs from the first run"
         )
@@ -446,7 +450,7 @@ def test_case_ids_are_unique() -> None:
         + _feature_cases()
         + _MIXED_CASES
         + _OUT_DTYPE_CASES
-        + _UNCHECKED_CASES
+        + _RERUN_CASES
         + _GRAPH_CASES
     )
     ids = [case.id for case in cases]
@@ -502,9 +506,9 @@ _GRAPH_CASES = [
 ]
 
 
-@pytest.mark.parametrize("checked", [True, False], ids=["checked", "unchecked"])
+@pytest.mark.parametrize("validate", [True, False], ids=["validated", "unvalidated"])
 @pytest.mark.parametrize("case", params(_GRAPH_CASES))
-def test_cuda_graph_replay(case: Case, checked: bool) -> None:
+def test_cuda_graph_replay(case: Case, validate: bool) -> None:
     """Capture ws.plan + prefill_attention once, then replay with new
     lengths (the same batch and token count, split differently), queries,
     block tables and cache contents written into the captured buffers."""
@@ -517,7 +521,7 @@ def test_cuda_graph_replay(case: Case, checked: bool) -> None:
     assert static.batch == _GRAPH_BATCH and static.num_tokens == _GRAPH_TOKENS
     ws = case.workspace(static)
 
-    graph = capture_graph(lambda: _run(static, ws, checked))
+    graph = capture_graph(lambda: _run(static, ws, validate))
 
     replays = [*_GRAPH_REPLAYS, _random_split(random.Random(case.seed))]
     for i, lens in enumerate(replays, start=1):

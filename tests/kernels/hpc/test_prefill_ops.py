@@ -3,8 +3,9 @@
 """Checks of the paged prefill op layer that need no GPU, plus the GPU
 planner against the host planner (marked ``gpu``).
 
-* Argument validation: every bad input raises a ValueError naming itself
-  (inputs on the meta device, so nothing reaches a kernel).
+* Argument validation (``validate_prefill_attention`` and the
+  workspace's): every bad input raises a ValueError naming itself (inputs
+  on the meta device, so nothing reaches a kernel).
 * The fake implementations: the ops trace under FakeTensor mode.
 * The host planner (``torch.ops._hpc_C.plan_prefill`` on CPU tensors), for
   random and hand-picked varlen batches. Each plan is checked against an
@@ -33,12 +34,14 @@ from tests.kernels.hpc.utils import (
     cache_argument_cases,
     import_attn_workspace,
     import_hpc_ops,
+    import_hpc_validation,
 )
 
 if TYPE_CHECKING:
     from vllm.v1.attention.ops.hpc_attn_workspace import PrefillWorkspace
 
 hpc_ops = import_hpc_ops()
+validation = import_hpc_validation()
 workspaces = import_attn_workspace()
 
 pytestmark = pytest.mark.skipif(
@@ -111,10 +114,13 @@ POSITIONAL = (
 )
 
 
-def call(args: dict, fn=None) -> None:
+def call(args: dict, validate: bool = True) -> None:
+    """Calls the op, after validating the arguments unless told not to."""
     args = dict(args)
     positional = [args.pop(k) for k in POSITIONAL]
-    (fn or hpc_ops.prefill_attention)(*positional, **args)
+    if validate:
+        validation.validate_prefill_attention(*positional, **args)
+    hpc_ops.prefill_attention(*positional, **args)
 
 
 @pytest.mark.parametrize(
@@ -407,7 +413,7 @@ def test_prefill_fake_implementation() -> None:
             )
             fake_ws.plan(fake["query_start_loc"], fake["seq_lens"])
             fake["workspace"] = fake_ws
-            call(fake, hpc_ops.prefill_attention_unchecked)
+            call(fake, validate=False)
             out = fake["out"]
             assert out.shape == (TOKENS, HQ, D)
             assert out.dtype == BF16
@@ -422,7 +428,7 @@ def test_prefill_traces() -> None:
     def step(q, k, v, block_table, qsl, seq_lens, out, plan_buffer):
         step_ws = dataclasses.replace(ws, plan_buffer=plan_buffer)
         step_ws.plan(qsl, seq_lens)
-        hpc_ops.prefill_attention_unchecked(
+        hpc_ops.prefill_attention(
             q,
             k,
             v,

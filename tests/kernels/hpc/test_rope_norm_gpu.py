@@ -38,6 +38,7 @@ from tests.kernels.hpc.rope_norm_reference import (
     make_prologue_inputs,
 )
 from vllm._hpc_ops import rope_norm_store_kv
+from vllm._hpc_ops_validation import validate_rope_norm_store_kv
 
 pytestmark = pytest.mark.gpu
 
@@ -229,6 +230,8 @@ def _params(cases: list[Case]) -> list[object]:
 
 
 def _run(inputs: PrologueInputs) -> None:
+    """Validates the arguments, then calls the op."""
+    validate_rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
     rope_norm_store_kv(*inputs.op_args(), **inputs.op_kwargs())
 
 

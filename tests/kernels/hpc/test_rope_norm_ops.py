@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -51,8 +52,16 @@ from vllm._hpc_ops import (
     hpc_ops_available,
     rope_norm_store_kv,
 )
+from vllm._hpc_ops_validation import validate_rope_norm_store_kv
 
 T, HQ, HKV, D, BS = 5, 8, 2, 64, 16
+
+
+def checked_rope_norm_store_kv(**kwargs: Any) -> None:
+    """Validates the arguments, then calls the op."""
+    validate_rope_norm_store_kv(**kwargs)
+    rope_norm_store_kv(**kwargs)
+
 
 # ---------------------------------------------------------------------------
 # Validation
@@ -80,21 +89,13 @@ def _valid_call(
         num_padding=1,
         max_position=64,
     )
-    kwargs = dict(
-        zip(
-            (
-                "qkv",
-                "positions",
-                "slot_mapping",
-                "cos_sin_cache",
-                "key_cache",
-                "value_cache",
-                "q_out",
-            ),
-            inputs.op_args(),
-            strict=True,
-        )
-    )
+    # The op's positional parameters, by name.
+    positional = [
+        p.name
+        for p in inspect.signature(rope_norm_store_kv).parameters.values()
+        if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ]
+    kwargs = dict(zip(positional, inputs.op_args(), strict=True))
     kwargs.update(inputs.op_kwargs())
     return kwargs
 
@@ -528,7 +529,7 @@ def test_rejects_invalid_input(change: Mutation, message: str) -> None:
     kwargs = _valid_call()
     kwargs.update(change(kwargs))
     with pytest.raises(ValueError, match=message):
-        rope_norm_store_kv(**kwargs)
+        checked_rope_norm_store_kv(**kwargs)
 
 
 def test_invalid_ids_are_unique() -> None:
@@ -542,7 +543,7 @@ def test_messages_list_accepted_values() -> None:
     kwargs = _valid_call()
     kwargs.update(_caches(block_size=128))
     with pytest.raises(ValueError, match=re.escape(str(SUPPORTED_BLOCK_SIZES))):
-        rope_norm_store_kv(**kwargs)
+        checked_rope_norm_store_kv(**kwargs)
 
 
 def _call_past_validation(**kwargs: Any) -> None:
@@ -550,10 +551,10 @@ def _call_past_validation(**kwargs: Any) -> None:
     if hpc_ops_available():
         # The library has CUDA kernels only: the dispatcher refuses CPU.
         with pytest.raises((NotImplementedError, RuntimeError)):
-            rope_norm_store_kv(**kwargs)
+            checked_rope_norm_store_kv(**kwargs)
     else:
         with pytest.raises(RuntimeError, match="_hpc_C is not built"):
-            rope_norm_store_kv(**kwargs)
+            checked_rope_norm_store_kv(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -665,8 +666,8 @@ def test_fake_impl_traces(fp8: bool) -> None:
             for k, v in real.items()
         }
         assert torch.ops._hpc_C.rope_norm_store_kv(*_op_args(fake)) is None
-        # The public wrapper validates fake tensors just like real ones.
-        rope_norm_store_kv(**fake)
+        # The validation takes fake tensors just like real ones.
+        checked_rope_norm_store_kv(**fake)
     assert fake["q_out"].shape == real["q_out"].shape
 
 
@@ -678,7 +679,9 @@ def test_fake_impl_under_make_fx() -> None:
     names = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
 
     def fn(*tensors: torch.Tensor) -> None:
-        rope_norm_store_kv(**{**kwargs, **dict(zip(names, tensors, strict=True))})
+        checked_rope_norm_store_kv(
+            **{**kwargs, **dict(zip(names, tensors, strict=True))}
+        )
 
     graph = make_fx(fn, tracing_mode="fake")(*(kwargs[n] for n in names))
     targets = [str(node.target) for node in graph.graph.nodes]

@@ -3,9 +3,10 @@
 """What the HPC kernel tests, their references and the HPC_ATTN backend
 tests share.
 
-* The loaders of the op module (``vllm._hpc_ops``) and of the attention
-  workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``), which work with
-  or without the patch set applied to an installed vLLM.
+* The loaders of the op module (``vllm._hpc_ops``), its validation
+  (``vllm._hpc_ops_validation``) and the attention workspaces
+  (``vllm.v1.attention.ops.hpc_attn_workspace``), which work with or without
+  the patch set applied to an installed vLLM.
 * The ``gpu`` marker and why tests carrying it cannot run here.
 * Error measures, bit-exact comparison and the KV cache layouts the
   references build.
@@ -55,8 +56,9 @@ REPO_ROOT = next(
 # ---------------------------------------------------------------------------
 
 # The patch set's modules the kernel tests use; each imports torch (and the
-# op module) only.
+# modules before it) only.
 HPC_OPS = "vllm._hpc_ops"
+HPC_VALIDATION = "vllm._hpc_ops_validation"
 ATTN_WORKSPACE = "vllm.v1.attention.ops.hpc_attn_workspace"
 
 
@@ -102,10 +104,17 @@ def import_hpc_ops(repo_root: Path = REPO_ROOT) -> ModuleType:
     return _import_tree_module(repo_root, HPC_OPS)
 
 
+def import_hpc_validation(repo_root: Path = REPO_ROOT) -> ModuleType:
+    """Import ``vllm._hpc_ops_validation`` (the ops' argument checks), after
+    the op module it imports."""
+    import_hpc_ops(repo_root)
+    return _import_tree_module(repo_root, HPC_VALIDATION)
+
+
 def import_attn_workspace(repo_root: Path = REPO_ROOT) -> ModuleType:
     """Import ``vllm.v1.attention.ops.hpc_attn_workspace`` (the decode and
-    prefill workspaces), after the op module it imports."""
-    import_hpc_ops(repo_root)
+    prefill workspaces), after the modules it imports."""
+    import_hpc_validation(repo_root)
     return _import_tree_module(repo_root, ATTN_WORKSPACE)
 
 

@@ -20,6 +20,7 @@ import regex as re
 import torch
 
 from vllm import _hpc_ops
+from vllm._hpc_ops_validation import validate_fused_moe_fp8
 from vllm.model_executor.layers.fused_moe import hpc_moe
 from vllm.model_executor.layers.fused_moe import (
     modular_kernel as mk,
@@ -175,8 +176,8 @@ def _block_quant(num_local: int, hidden: int, inter: int, device: str = "cpu"):
 class _RecordingOps:
     """Stands in for ``fused_moe_fp8`` and ``MoeWorkspace.create``.
 
-    With ``forward`` the calls are passed on to the real op layer (meta
-    tensors only, so nothing runs), which validates every argument.
+    With ``forward`` every argument is validated and the call passed on to
+    the real op (meta tensors only, so nothing runs).
     """
 
     def __init__(self, forward: bool = False) -> None:
@@ -184,22 +185,12 @@ class _RecordingOps:
         self.created: list[dict] = []
         self.forward = forward
         self._real_fused_moe = _hpc_ops.fused_moe_fp8
-        self._real_unchecked = _hpc_ops.fused_moe_fp8_unchecked
-        self._validating = False
 
     def fused_moe_fp8(self, *args: Any, **kwargs: Any) -> None:
-        # The checked form validates and then calls the unchecked form,
-        # which must then launch instead of recording the call again.
-        if self._validating:
-            self._real_unchecked(*args, **kwargs)
-            return
         self.calls.append((args, kwargs))
         if self.forward:
-            self._validating = True
-            try:
-                self._real_fused_moe(*args, **kwargs)
-            finally:
-                self._validating = False
+            validate_fused_moe_fp8(*args, **kwargs)
+            self._real_fused_moe(*args, **kwargs)
 
     def create(self, **kwargs: Any) -> Any:
         self.created.append(kwargs)
@@ -216,9 +207,7 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> _RecordingOps:
 
 
 def _install(monkeypatch: pytest.MonkeyPatch, rec: _RecordingOps) -> None:
-    # The layer calls the unchecked form, the eager shims the checked one.
-    for name in ("fused_moe_fp8", "fused_moe_fp8_unchecked"):
-        monkeypatch.setattr(_hpc_ops, name, rec.fused_moe_fp8)
+    monkeypatch.setattr(_hpc_ops, "fused_moe_fp8", rec.fused_moe_fp8)
     monkeypatch.setattr(hpc_moe.MoeWorkspace, "create", staticmethod(rec.create))
 
 

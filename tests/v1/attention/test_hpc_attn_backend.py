@@ -956,16 +956,10 @@ class _Recorder:
 @pytest.fixture
 def kernels(monkeypatch, fake_workspaces):
     log: list[tuple[str, tuple, dict]] = []
-    monkeypatch.setattr(
-        hpc_attn, "decode_attention_unchecked", _Recorder("decode", log)
-    )
-    monkeypatch.setattr(
-        hpc_attn, "prefill_attention_unchecked", _Recorder("prefill", log)
-    )
+    monkeypatch.setattr(hpc_attn, "decode_attention", _Recorder("decode", log))
+    monkeypatch.setattr(hpc_attn, "prefill_attention", _Recorder("prefill", log))
     monkeypatch.setattr(hpc_attn, "reshape_and_cache_flash", _Recorder("write", log))
-    monkeypatch.setattr(
-        rope_norm, "rope_norm_store_kv_unchecked", _Recorder("prologue", log)
-    )
+    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", _Recorder("prologue", log))
     return log
 
 
@@ -1358,9 +1352,7 @@ def test_builder_takes_window_from_the_group_layers(fake_workspaces, llama_model
 @pytest.fixture
 def fused_kernel(monkeypatch):
     log: list[tuple[str, tuple, dict]] = []
-    monkeypatch.setattr(
-        hpc_attn, "rope_norm_store_kv_unchecked", _Recorder("fused", log)
-    )
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", _Recorder("fused", log))
     return log
 
 
@@ -1423,7 +1415,7 @@ def test_rope_kvcache_hook_packs_inputs_and_writes_query(monkeypatch):
         seen.update(qkv=qkv.clone(), kw=kw)
         q_out.copy_(qkv[:, : 32 * 128].view_as(q_out) * 2)
 
-    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv_unchecked", fake_kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", fake_kernel)
     qkv = torch.randn(4, 48 * 128).to(torch.bfloat16)
     # Non-contiguous views of one projection output, as the model splits it.
     query, key, value = qkv.split([32 * 128, 8 * 128, 8 * 128], dim=-1)

@@ -48,6 +48,7 @@ import torch
 
 import vllm.model_executor.layers.fused_moe.modular_kernel as mk
 from vllm import _hpc_ops
+from vllm._hpc_ops_validation import validate_moe_workspace
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.config import (
     FusedMoEConfig,
@@ -134,6 +135,9 @@ class MoeWorkspace:
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"device must be a CUDA device, got {device}")
+        validate_moe_workspace(
+            max_tokens, topk, num_local_experts, hidden_size, intermediate_size
+        )
         nbytes = _hpc_ops.moe_workspace_bytes(
             max_tokens, topk, num_local_experts, hidden_size, intermediate_size
         )
@@ -518,7 +522,7 @@ class HPCExperts(mk.FusedMoEExpertsModular):
         for start in range(0, num_tokens, step):
             end = min(start + step, num_tokens)
             whole = start == 0 and end == num_tokens
-            _hpc_ops.fused_moe_fp8_unchecked(
+            _hpc_ops.fused_moe_fp8(
                 _rows(hidden_states, start, end, whole),
                 w1,
                 w2,

@@ -52,7 +52,7 @@ from vllm._hpc_ops import (
     MAX_GQA_RATIO,
     SUPPORTED_HEAD_SIZES,
     QkNormPolicy,
-    rope_norm_store_kv_unchecked,
+    rope_norm_store_kv,
 )
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import get_current_vllm_config_or_none
@@ -652,7 +652,7 @@ class HpcRopeNorm(CustomOp, HpcModule):
             q_norm_weight = cast(torch.Tensor, self.fallback_qnorm.weight)
             k_norm_weight = cast(torch.Tensor, self.fallback_knorm.weight)
 
-        rope_norm_store_kv_unchecked(
+        rope_norm_store_kv(
             qkv[:num_tokens],
             positions,
             attn_metadata.slot_mapping,

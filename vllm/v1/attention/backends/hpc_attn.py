@@ -65,9 +65,9 @@ from vllm._hpc_ops import (
     SUPPORTED_BLOCK_SIZES,
     SUPPORTED_HEAD_SIZES,
     QkNormPolicy,
-    decode_attention_unchecked,
-    prefill_attention_unchecked,
-    rope_norm_store_kv_unchecked,
+    decode_attention,
+    prefill_attention,
+    rope_norm_store_kv,
 )
 from vllm.config import (
     VllmConfig,
@@ -660,7 +660,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
             assert md.decode_block_table is not None
             assert md.decode_seq_lens is not None
             assert md.decode_workspace is not None
-            decode_attention_unchecked(
+            decode_attention(
                 query[:num_decode_tokens],
                 key_cache,
                 value_cache,
@@ -682,7 +682,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
             assert md.prefill_seq_lens is not None
             assert md.prefill_workspace is not None
             end = num_decode_tokens + md.num_prefill_tokens
-            prefill_attention_unchecked(
+            prefill_attention(
                 query[num_decode_tokens:end],
                 key_cache,
                 value_cache,
@@ -777,7 +777,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
             kv_cache, layer
         )
-        rope_norm_store_kv_unchecked(
+        rope_norm_store_kv(
             qkv,
             positions,
             layer_slot_mapping,
@@ -823,7 +823,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
             kv_cache, layer
         )
-        rope_norm_store_kv_unchecked(
+        rope_norm_store_kv(
             qkv,
             positions,
             layer_slot_mapping,
