@@ -379,8 +379,10 @@ def decode_attention(
     length shorter than ``query_tokens``, gets zeros). ``workspace.plan(kv_lens,
     query_tokens)`` must have run for these lengths; its sliding window
     applies, and a different ``query_tokens`` fails the launch. With an FP8
-    cache, bf16 queries are converted to fp16 inside the kernel (magnitudes
-    above 65504 overflow); fp16 and FP8 queries are used exactly.
+    cache both products run on FP8 tensor cores: FP8 queries are used as
+    given, bf16/fp16 queries are quantized per row inside the kernel into
+    two E4M3 terms (value and residual), and the probabilities are rounded
+    to E4M3.
     ``k_scale``/``v_scale``: per-tensor FP8 dequantisation scales.
     ``softcap``: logits soft-cap (0: none). ``out`` (bf16/fp16, shape of
     ``q``) is written.

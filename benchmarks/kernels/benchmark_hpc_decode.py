@@ -81,10 +81,7 @@ Implementations, timed the same way on the same inputs:
   ``vllm.vllm_flash_attn`` imports and reports FA3 supported; otherwise
   both are skipped with the reason (JSON ``skipped``);
 * ``triton_unified`` (vLLM's ``unified_attention``) and ``flashinfer``, only
-  where they import;
-* ``hpc_wgmma``: ``hpc`` on the swap-AB wgmma decode kernel
-  (``HPC_DECODE_KERNEL=wgmma`` around its workspace's creation and its
-  calls), while the two kernels stand side by side.
+  where they import.
 
 Before timing, every implementation's output is compared with a float32
 reference on a few sequences (``ref_rel_err``), and the ``hpc`` output with
@@ -99,14 +96,12 @@ to ``benchmarks/results/benchmark_hpc_decode.json``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import fnmatch
 import math
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -201,10 +196,7 @@ TRITON = "triton_unified"
 FLASHINFER = "flashinfer"
 FA3 = "fa3"
 FA3_CAPPED = "fa3_capped"
-# The swap-AB wgmma decode kernel, selected through HPC_DECODE_KERNEL while
-# it stands beside the mma.sync kernel.
-HPC_WGMMA = "hpc_wgmma"
-BASELINES = (STATIC, FA3, FA3_CAPPED, FLEX, TRITON, FLASHINFER, HPC_WGMMA)
+BASELINES = (STATIC, FA3, FA3_CAPPED, FLEX, TRITON, FLASHINFER)
 # num_splits of each FA3 baseline: 0 lets FA3's heuristic choose; 32 is
 # vLLM's cap under full CUDA graphs (AttentionConfig's
 # flash_attn_max_num_splits_for_cuda_graph), passed to the scheduler
@@ -227,9 +219,6 @@ STEP_WORK = {
     FLEX: "BlockMask built once before capture (not counted)",
     TRITON: "none",
     FLASHINFER: "plan() on the host once before capture (not counted)",
-    HPC_WGMMA: (
-        f"decode planner once per graph, before the {W1B_LAYERS} layers (counted)"
-    ),
 }
 
 
@@ -449,35 +438,6 @@ class HpcDecode:
 
 def make_hpc(case: Case, layout: Layout, hpc_ops: ModuleType, mode: Any) -> HpcDecode:
     return HpcDecode(case, layout, hpc_ops, mode)
-
-
-@contextlib.contextmanager
-def decode_kernel_selected(kernel: str) -> Iterator[None]:
-    """HPC_DECODE_KERNEL set to ``kernel`` inside the block (the library
-    reads it at workspace creation and at every launch)."""
-    old = os.environ.get("HPC_DECODE_KERNEL")
-    os.environ["HPC_DECODE_KERNEL"] = kernel
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["HPC_DECODE_KERNEL"]
-        else:
-            os.environ["HPC_DECODE_KERNEL"] = old
-
-
-class HpcWgmmaDecode(HpcDecode):
-    """:class:`HpcDecode` on the swap-AB wgmma kernel."""
-
-    def __init__(
-        self, case: Case, layout: Layout, hpc_ops: ModuleType, mode: Any
-    ) -> None:
-        with decode_kernel_selected("wgmma"):
-            super().__init__(case, layout, hpc_ops, mode)
-
-    def __call__(self, s: Any) -> torch.Tensor:
-        with decode_kernel_selected("wgmma"):
-            return super().__call__(s)
 
 
 def fa3_variant(num_splits: int, fp8: bool) -> str:
@@ -878,9 +838,6 @@ def impl_makers(
     makers: dict[str, Callable[[], Impl]] = {
         HPC: lambda: make_hpc(case, layout, hpc_ops, hpc_ops.SplitMode.BALANCED),
         STATIC: lambda: make_hpc(case, layout, hpc_ops, hpc_ops.SplitMode.STATIC),
-        HPC_WGMMA: lambda: HpcWgmmaDecode(
-            case, layout, hpc_ops, hpc_ops.SplitMode.BALANCED
-        ),
         FLEX: flex,
         TRITON: lambda: make_triton(case, layout),
         FLASHINFER: lambda: make_flashinfer(case, layout),

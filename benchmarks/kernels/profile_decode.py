@@ -6,12 +6,12 @@ profiler.
 The case is built exactly as the benchmark builds it (cache layout, input
 set, workspace and balanced plan); ``decode_attention`` then runs ``--runs``
 times with nothing else on the stream, so a profiler can pick one launch of
-the decode kernel (the plan is made once, before the runs), e.g.::
+the decode kernel (the plan is made once, before the runs; the name's
+anchor leaves out the planner's ``plan_decode_kernel``), e.g.::
 
-    ncu --clock-control none --kernel-name regex:decode_wgmma_kernel \\
+    ncu --clock-control none --kernel-name regex:^decode_kernel \\
         --launch-skip 1 --launch-count 1 --set full -o decode \\
-        python benchmarks/kernels/profile_decode.py --case tp8-bf16 \\
-        --kernel wgmma
+        python benchmarks/kernels/profile_decode.py --case tp8-bf16
 
 Without a profiler it prints each launch's time (CUDA events, L2 warm
 after the first: a quick look, not the benchmark's protocol).
@@ -24,21 +24,12 @@ import sys
 
 import torch
 from bench_utils import import_hpc_ops
-from benchmark_hpc_decode import (
-    HpcDecode,
-    HpcWgmmaDecode,
-    all_cases,
-    make_input_set,
-    make_layout,
-)
-
-KERNELS = {"mma_sync": HpcDecode, "wgmma": HpcWgmmaDecode}
+from benchmark_hpc_decode import HpcDecode, all_cases, make_input_set, make_layout
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", default="tp8-bf16", help="a W1 or W2 case name")
-    parser.add_argument("--kernel", default="wgmma", choices=sorted(KERNELS))
     parser.add_argument("--runs", type=int, default=3, help="kernel launches")
     args = parser.parse_args(argv)
     cases = {c.name: c for c in all_cases(False, True, {"W1", "W2"})}
@@ -48,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     hpc_ops = import_hpc_ops()
     layout = make_layout(case)
     inputs = make_input_set(case, seed=0)
-    run = KERNELS[args.kernel](case, layout, hpc_ops, hpc_ops.SplitMode.BALANCED)
+    run = HpcDecode(case, layout, hpc_ops, hpc_ops.SplitMode.BALANCED)
     times = []
     for _ in range(args.runs):
         start = torch.cuda.Event(enable_timing=True)
@@ -59,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3)
     print(
-        f"profile_decode: {case.name} on {args.kernel}, {args.runs} launches, "
+        f"profile_decode: {case.name}, {args.runs} launches, "
         f"µs: {', '.join(f'{t:.1f}' for t in times)}"
     )
     return 0

@@ -64,7 +64,8 @@ std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
 std::vector<std::string> decode_plan_header_fields();
 std::vector<std::string> decode_plan_item_fields();
 
-// Persistent decode CTAs per SM for a head size and KV element size.
+// Persistent decode CTAs per SM for a head size and KV element size (one
+// for every supported pair; both are still checked).
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes);
 
 // Paged prefill tile plan into `plan` (int32, prefill::PlanLayout for

@@ -18,10 +18,6 @@ with small CTA counts. Plus: the GPU planner is bitwise equal to the host
 planner, CUDA-graph capture and replay with new lengths, batch invariance of
 the batch-invariant mode, and empty sequences.
 
-Every test runs on both decode kernels while they stand side by side
-(``HPC_DECODE_KERNEL``: the mma.sync kernel, and ``wgmma`` for the swap-AB
-kernel).
-
 Imports only torch, the references, ``utils``, ``vllm._hpc_ops`` and the
 attention workspaces (``vllm.v1.attention.ops.hpc_attn_workspace``).
 """
@@ -148,22 +144,6 @@ class Case:
             fixed_split_len=self.fixed_split_len,
             num_ctas=self.num_ctas,
         )
-
-
-DECODE_KERNELS = ("mma_sync", "wgmma")
-
-
-@pytest.fixture(params=DECODE_KERNELS, autouse=True)
-def decode_kernel(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> str:
-    """The decode kernel a test runs on (HPC_DECODE_KERNEL, which the library
-    reads at workspace creation and at every launch)."""
-    if request.param == "wgmma":
-        monkeypatch.setenv("HPC_DECODE_KERNEL", "wgmma")
-    else:
-        monkeypatch.delenv("HPC_DECODE_KERNEL", raising=False)
-    return str(request.param)
 
 
 def _run(inputs: DecodeInputs, ws: DecodeWorkspace) -> None:

@@ -13,7 +13,7 @@ enum class PrefillBarrier : int {
   kWarpgroup1Turn,  // consumer warpgroup 1 may issue its wgmma
 };
 
-// Swap-AB decode (decode_wgmma_kernel.cuh).
+// Swap-AB decode (decode_kernel.cuh).
 enum class DecodeBarrier : int {
   kWarpgroup0 = 1,  // consumer warpgroup 0 (128 threads)
   kWarpgroup1,      // consumer warpgroup 1

@@ -1,7 +1,5 @@
 // Host side of split-KV decode attention: TMA descriptors over the paged
 // cache and head-size dispatch.
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -9,7 +7,6 @@
 
 #include "attention/common/paged_kv_tma.h"
 #include "attention/decode/decode_kernel.cuh"
-#include "common/pdl.cuh"
 
 namespace hpc {
 namespace decode {
@@ -18,33 +15,14 @@ namespace {
 
 using attention::paged_cache_map;
 
-template <int kHeadDim>
-int ctas_per_sm(ElemType kv_type) {
-  return kv_type == ElemType::kFp8E4m3 ? SmemPlan<kHeadDim, 1>::kCtasPerSm
-                                       : SmemPlan<kHeadDim, 2>::kCtasPerSm;
-}
-
 }  // namespace
 
-bool decode_uses_wgmma() {
-  // Read per call, so that one process can run (and compare) both.
-  const char* kernel = std::getenv("HPC_DECODE_KERNEL");
-  return kernel != nullptr && std::strcmp(kernel, "wgmma") == 0;
-}
-
-int decode_ctas_per_sm(int head_dim, ElemType kv_type) {
-  if (decode_uses_wgmma()) return 1;
-  switch (head_dim) {
-    case 64:
-      return ctas_per_sm<64>(kv_type);
-    case 128:
-      return ctas_per_sm<128>(kv_type);
-    case 256:
-      return ctas_per_sm<256>(kv_type);
-    default:
-      throw std::invalid_argument("decode: unsupported head size " +
-                                  std::to_string(head_dim));
+int decode_ctas_per_sm(int head_dim) {
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+    throw std::invalid_argument("decode: unsupported head size " +
+                                std::to_string(head_dim));
   }
+  return kDecodeCtasPerSm;
 }
 
 void decode_attention(const DecodeParams& params, int head_dim,

@@ -21,15 +21,9 @@ void decode_attention(const DecodeParams& params, int head_dim,
                       const PagedCacheView& v_cache, int grid,
                       cudaStream_t stream);
 
-// Persistent decode CTAs that fit on one SM for this configuration; plans
-// should offer SM count x this many CTAs.
-int decode_ctas_per_sm(int head_dim, ElemType kv_type);
-
-// Whether decode runs the swap-AB wgmma kernel
-// (decode_wgmma_kernel.cuh, one CTA per SM) instead of the mma.sync kernel
-// (decode_kernel.cuh). While the two stand side by side, the environment
-// variable HPC_DECODE_KERNEL=wgmma selects it (read at every call).
-bool decode_uses_wgmma();
+// Persistent decode CTAs that fit on one SM (one for every supported head
+// size and cache type); plans should offer SM count x this many CTAs.
+int decode_ctas_per_sm(int head_dim);
 
 // Per head size (decode_hd<D>.cu): the decode kernel alone.
 template <int kHeadDim>

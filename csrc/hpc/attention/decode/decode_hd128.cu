@@ -1,4 +1,4 @@
-// Decode kernels for head size 128 (one translation unit per head size).
+// The decode kernel for head size 128 (one translation unit per head size).
 #include "attention/decode/decode_launch.cuh"
 
 namespace hpc {

@@ -2,49 +2,24 @@
 // per-head-size translation units so that they compile in parallel.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cute/numeric/numeric_types.hpp>
 
 #include "attention/decode/decode.h"
 #include "attention/decode/decode_config.cuh"
 #include "attention/decode/decode_kernel.cuh"
-#include "attention/decode/decode_wgmma_kernel.cuh"
 #include "common/pdl.cuh"
 #include "common/smem_config.h"
 
 namespace hpc {
 namespace decode {
 
-template <int kHeadDim, typename KvT, int kTokenGroups>
-void launch_typed(const DecodeParams& params, const CUtensorMap& k_map,
-                  const CUtensorMap& v_map, int grid, cudaStream_t stream) {
-  using Smem = SmemPlan<kHeadDim, sizeof(KvT)>;
-  auto kernel = decode_kernel<kHeadDim, KvT, kTokenGroups>;
-  // kCtasPerSm rings side by side.
-  configure_smem(kernel, Smem::kBytes, "decode_attention");
-  launch_with_pdl(kernel, dim3(grid), dim3(kDecodeThreads), Smem::kBytes,
-                  stream, params, k_map, v_map);
-}
-
-// Token groups per row tile: the four consumer warps cover the unit's rows
-// (16 per warp) and split the tile's tokens between the warps left over.
-template <int kHeadDim, typename KvT>
-void launch_rows(const DecodeParams& params, const CUtensorMap& k_map,
-                 const CUtensorMap& v_map, int grid, cudaStream_t stream) {
-  if (params.rows <= 16) {
-    launch_typed<kHeadDim, KvT, 4>(params, k_map, v_map, grid, stream);
-  } else if (params.rows <= 32) {
-    launch_typed<kHeadDim, KvT, 2>(params, k_map, v_map, grid, stream);
-  } else {
-    launch_typed<kHeadDim, KvT, 1>(params, k_map, v_map, grid, stream);
-  }
-}
-
 template <int kHeadDim, class Element, int kRows>
-void launch_wgmma_typed(const DecodeParams& params, const CUtensorMap& k_map,
-                        const CUtensorMap& v_map, int grid,
-                        cudaStream_t stream) {
+void launch_config(const DecodeParams& params, const CUtensorMap& k_map,
+                   const CUtensorMap& v_map, int grid, cudaStream_t stream) {
   using Config = DecodeConfig<kHeadDim, Element, kRows>;
-  auto kernel = decode_wgmma_kernel<Config>;
+  auto kernel = decode_kernel<Config>;
   configure_smem(kernel, Config::kSmemBytes, "decode_attention");
   launch_with_pdl(kernel, dim3(grid), dim3(kWgmmaThreads), Config::kSmemBytes,
                   stream, params, k_map, v_map);
@@ -52,50 +27,34 @@ void launch_wgmma_typed(const DecodeParams& params, const CUtensorMap& k_map,
 
 // The swap-AB kernel's N: the unit's rows rounded up to 8, 16, 32 or 64.
 template <int kHeadDim, class Element>
-void launch_wgmma_rows(const DecodeParams& params, const CUtensorMap& k_map,
-                       const CUtensorMap& v_map, int grid,
-                       cudaStream_t stream) {
+void launch_rows(const DecodeParams& params, const CUtensorMap& k_map,
+                 const CUtensorMap& v_map, int grid, cudaStream_t stream) {
   if (params.rows <= 8) {
-    launch_wgmma_typed<kHeadDim, Element, 8>(params, k_map, v_map, grid,
-                                             stream);
+    launch_config<kHeadDim, Element, 8>(params, k_map, v_map, grid, stream);
   } else if (params.rows <= 16) {
-    launch_wgmma_typed<kHeadDim, Element, 16>(params, k_map, v_map, grid,
-                                              stream);
+    launch_config<kHeadDim, Element, 16>(params, k_map, v_map, grid, stream);
   } else if (params.rows <= 32) {
-    launch_wgmma_typed<kHeadDim, Element, 32>(params, k_map, v_map, grid,
-                                              stream);
+    launch_config<kHeadDim, Element, 32>(params, k_map, v_map, grid, stream);
   } else {
-    launch_wgmma_typed<kHeadDim, Element, 64>(params, k_map, v_map, grid,
-                                              stream);
+    launch_config<kHeadDim, Element, 64>(params, k_map, v_map, grid, stream);
   }
 }
 
+// The MMAs run in the cache's type: bf16, fp16 or E4M3.
 template <int kHeadDim>
 void launch_decode_kernel(const DecodeParams& params, ElemType kv_type,
                           const CUtensorMap& k_map, const CUtensorMap& v_map,
                           int grid, cudaStream_t stream) {
-  if (decode_uses_wgmma()) {
-    switch (kv_type) {
-      case ElemType::kBf16:
-        return launch_wgmma_rows<kHeadDim, cute::bfloat16_t>(
-            params, k_map, v_map, grid, stream);
-      case ElemType::kFp16:
-        return launch_wgmma_rows<kHeadDim, cute::half_t>(params, k_map, v_map,
-                                                         grid, stream);
-      case ElemType::kFp8E4m3:
-        return launch_wgmma_rows<kHeadDim, cute::float_e4m3_t>(
-            params, k_map, v_map, grid, stream);
-    }
-  }
   switch (kv_type) {
     case ElemType::kBf16:
-      return launch_rows<kHeadDim, __nv_bfloat16>(params, k_map, v_map, grid,
-                                                  stream);
+      return launch_rows<kHeadDim, cute::bfloat16_t>(params, k_map, v_map, grid,
+                                                     stream);
     case ElemType::kFp16:
-      return launch_rows<kHeadDim, __half>(params, k_map, v_map, grid, stream);
+      return launch_rows<kHeadDim, cute::half_t>(params, k_map, v_map, grid,
+                                                 stream);
     case ElemType::kFp8E4m3:
-      return launch_rows<kHeadDim, __nv_fp8_e4m3>(params, k_map, v_map, grid,
-                                                  stream);
+      return launch_rows<kHeadDim, cute::float_e4m3_t>(params, k_map, v_map,
+                                                       grid, stream);
   }
 }
 

@@ -112,10 +112,7 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
 int64_t decode_ctas_per_sm(int64_t head_size, int64_t kv_elem_bytes) {
   STD_TORCH_CHECK(kv_elem_bytes == 1 || kv_elem_bytes == 2,
                   "decode_ctas_per_sm: kv_elem_bytes must be 1 or 2");
-  return decode::decode_ctas_per_sm(static_cast<int>(head_size),
-                                    kv_elem_bytes == 1
-                                        ? decode::ElemType::kFp8E4m3
-                                        : decode::ElemType::kBf16);
+  return decode::decode_ctas_per_sm(static_cast<int>(head_size));
 }
 
 }  // namespace hpc

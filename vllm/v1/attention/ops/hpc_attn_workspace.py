@@ -94,9 +94,9 @@ class DecodeWorkspace:
         it bounds the pieces of the batch-invariant and static modes.
         ``mode``: default BALANCED, or BATCH_INVARIANT when
         ``fixed_split_len`` is given.
-        ``kv_cache_dtype``: the cache's dtype, which sets how many decode
-        CTAs share an SM. ``num_ctas``: persistent CTAs (default: the SM
-        count times the CTAs per SM of this configuration).
+        ``kv_cache_dtype``: the cache's dtype (checked against the decode
+        kernel's). ``num_ctas``: persistent CTAs (default: the SM count times
+        the decode kernel's CTAs per SM, asked of the library).
         """
         mode = validate_split_mode(
             mode, min_split_len=min_split_len, fixed_split_len=fixed_split_len
