@@ -329,13 +329,18 @@ def plan_decode(
     min_split_tiles: int,
     mode: SplitMode,
     split_tiles: int,
+    group: int,
+    kv_element_bytes: int,
 ) -> None:
     """Writes the split-KV decode plan for this step's KV lengths (int32
     ``[batch]``, including the query tokens) into ``plan``: on the GPU
     without synchronising, or on the host for CPU tensors. ``num_ctas``: the
     CTA slots the mode may use; ``min_split_tiles`` and ``split_tiles``: the
     balanced mode's least and the batch-invariant mode's piece length, in
-    decode tiles."""
+    decode tiles. ``group`` (query heads per KV head) and
+    ``kv_element_bytes`` (1 for FP8 caches, else 2) weigh a split unit's
+    merge against its pieces: the balanced mode cuts long units into fewer,
+    longer pieces when they have many query rows."""
     _C.plan_decode(
         kv_lens,
         plan,
@@ -347,6 +352,8 @@ def plan_decode(
         min_split_tiles,
         int(mode),
         split_tiles,
+        group,
+        kv_element_bytes,
     )
 
 
@@ -694,6 +701,8 @@ if _LIBRARY_LOADED:
         min_split_tiles: int,
         mode: int,
         split_tiles: int,
+        group: int,
+        kv_elem_bytes: int,
     ) -> None:
         return None
 

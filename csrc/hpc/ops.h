@@ -29,7 +29,7 @@ void rope_norm_store_kv(const Tensor& qkv, const Tensor& positions,
 void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
                  int64_t query_tokens, int64_t window, int64_t num_ctas,
                  int64_t max_units, int64_t min_split_tiles, int64_t mode,
-                 int64_t split_tiles);
+                 int64_t split_tiles, int64_t group, int64_t kv_elem_bytes);
 
 // Split-KV paged decode attention following a plan written by plan_decode
 // (pieces of a split sequence are merged by the CTA that finishes last).

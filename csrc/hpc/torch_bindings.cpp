@@ -19,7 +19,8 @@ STABLE_TORCH_LIBRARY(_hpc_C, m) {
   m.def(
       "plan_decode(Tensor kv_lens, Tensor(a!) plan, int num_kv_heads, "
       "int query_tokens, int window, int num_ctas, int max_units, "
-      "int min_split_tiles, int mode, int split_tiles) -> ()");
+      "int min_split_tiles, int mode, int split_tiles, int group, "
+      "int kv_elem_bytes) -> ()");
   m.def(
       "decode_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
       "Tensor block_table, Tensor kv_lens, Tensor plan, Tensor(a!) out, "

@@ -647,6 +647,8 @@ def plan_decode_host(
     max_batch: int | None = None,
     window: int = 0,
     mode=None,
+    group: int = 1,
+    kv_element_bytes: int = 2,
 ) -> torch.Tensor:
     """Split-KV decode plan for KV lengths held on the host (the host
     planner, which writes what the GPU planner does, bit for bit).
@@ -657,7 +659,9 @@ def plan_decode_host(
     ``fixed_split_len`` > 0 selects the batch-invariant mode with pieces of
     that many tokens unless ``mode`` (a ``SplitMode``) says otherwise.
     ``window``: sliding window in tokens (0: none); tiles no query can see
-    are not planned. Returns the int32 plan for ``max_batch * num_kv_heads``
+    are not planned. ``group`` (query heads per KV head) and
+    ``kv_element_bytes`` weigh the balanced mode's merges (the planner's
+    merge_bound_tiles). Returns the int32 plan for ``max_batch * num_kv_heads``
     units and the mode's CTA slots (the static mode has ``max_batch *
     num_kv_heads * 16``); read it with :func:`decode_plan_of`.
     """
@@ -705,5 +709,7 @@ def plan_decode_host(
         min_split_tiles=min_split_len // ops.DECODE_TILE_TOKENS,
         mode=mode,
         split_tiles=fixed_split_len // ops.DECODE_TILE_TOKENS,
+        group=group,
+        kv_element_bytes=kv_element_bytes,
     )
     return plan

@@ -456,6 +456,8 @@ PLAN_LENGTH_SETS = {
 }
 PLAN_MODES = {
     "bal": dict(mode=SplitMode.BALANCED),
+    # FP8 caches weigh the merge against half the bytes per tile.
+    "bal-fp8": dict(mode=SplitMode.BALANCED, kv_cache_dtype=torch.float8_e4m3fn),
     "bal-min64-ctas3": dict(mode=SplitMode.BALANCED, min_split_len=64, num_ctas=3),
     "inv256": dict(mode=SplitMode.BATCH_INVARIANT, fixed_split_len=256),
     "inv1024-ctas5": dict(
@@ -504,6 +506,8 @@ def test_gpu_plan_matches_host(set_name: str, mode_name: str) -> None:
                 max_batch=ws.max_batch,
                 window=window,
                 mode=ws.mode,
+                group=ws.num_q_heads // ws.num_kv_heads,
+                kv_element_bytes=ws.kv_element_bytes,
             )
             what = (
                 f"{set_name} {mode_name} window={window} q={query_tokens} "

@@ -48,6 +48,7 @@ def workspace(**overrides) -> DecodeWorkspace:
         num_q_heads=HQ,
         num_kv_heads=HKV,
         head_size=D,
+        kv_element_bytes=2,
         max_query_tokens=1,
         num_ctas=8,
         max_ctas=8,
@@ -311,5 +312,7 @@ def test_decode_fake_implementation() -> None:
             4,
             0,
             0,
+            HQ // HKV,
+            2,
         )
         assert out.shape == q.shape and out.dtype == torch.bfloat16

@@ -50,6 +50,8 @@ def plan_of(
     mode: SplitMode | None = None,
     window: int = 0,
     query_tokens: int = 1,
+    group: int = 1,
+    kv_element_bytes: int = 2,
 ) -> DecodePlan:
     kv_lens = torch.tensor(lens, dtype=torch.int32)
     plan = plan_decode_host(
@@ -61,6 +63,8 @@ def plan_of(
         fixed_split_len=fixed_split_len,
         window=window,
         mode=mode,
+        group=group,
+        kv_element_bytes=kv_element_bytes,
     )
     units = len(lens) * num_kv_heads
     max_ctas, _ = workspace_sizes(lens, num_kv_heads, num_ctas, fixed_split_len, mode)
@@ -140,6 +144,17 @@ def walk(plan: DecodePlan) -> list[list[tuple[int, int, int]]]:
     return per_cta
 
 
+def merge_bound_tiles(max_unit_tiles: int, rows: int, kv_element_bytes: int) -> int:
+    """The least S with S^2 x 32 x kv_element_bytes >= max_unit_tiles x rows:
+    a unit's merge reads (T / S) x rows x 4 bytes per channel, a piece
+    streams S x 128 x kv_element_bytes (decode_plan.h)."""
+    need = max_unit_tiles * rows
+    if need <= 0:
+        return 0
+    least_square = -(-need // (32 * kv_element_bytes))
+    return math.isqrt(least_square - 1) + 1
+
+
 def check_plan(
     plan: DecodePlan,
     lens: list[int],
@@ -150,6 +165,8 @@ def check_plan(
     mode: SplitMode | None = None,
     window: int = 0,
     query_tokens: int = 1,
+    group: int = 1,
+    kv_element_bytes: int = 2,
 ) -> None:
     if mode is None:
         mode = SplitMode.BATCH_INVARIANT if fixed_split_len else SplitMode.BALANCED
@@ -174,7 +191,13 @@ def check_plan(
     elif mode == SplitMode.BATCH_INVARIANT:
         expected_ctas = min(num_ctas, total)
     else:
-        split_tiles = max(1, min_split_len // TILE)
+        split_tiles = max(
+            1,
+            min_split_len // TILE,
+            merge_bound_tiles(
+                max(tiles, default=0), query_tokens * group, kv_element_bytes
+            ),
+        )
         expected_ctas = min(num_ctas, max(1, total // split_tiles)) if total else 0
     assert plan.num_ctas == expected_ctas
 
@@ -344,8 +367,27 @@ def test_plan_properties_random(seed: int) -> None:
     num_ctas = rng.choice([1, 7, 132, 264, 396])
     min_split_len = TILE * rng.choice([0, 1, 4, 16, 64])
     fixed_split_len = rng.choice([0, 0, TILE * rng.choice([1, 8, 16])])
-    plan = plan_of(lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
-    check_plan(plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len)
+    query_tokens = rng.choice([1, 1, 2, 4])
+    shape = dict(group=rng.choice([1, 4, 8, 16]), kv_element_bytes=rng.choice([1, 2]))
+    plan = plan_of(
+        lens,
+        num_kv_heads,
+        num_ctas,
+        min_split_len,
+        fixed_split_len,
+        query_tokens=query_tokens,
+        **shape,
+    )
+    check_plan(
+        plan,
+        lens,
+        num_kv_heads,
+        num_ctas,
+        min_split_len,
+        fixed_split_len,
+        query_tokens=query_tokens,
+        **shape,
+    )
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -407,6 +449,47 @@ def test_w1_balances_the_long_sequence() -> None:
     assert plan.unit_num_pieces[0] == 131072 // 1024
 
 
+@pytest.mark.parametrize(
+    ("lens", "query_tokens", "group", "kv_element_bytes", "ctas"),
+    [
+        # One 32K sequence: a 16-tile piece streams 2 MiB of bf16 K/V and
+        # the merge of 32 such pieces reads 32 x 32 rows x 512 bytes.
+        ([32768], 4, 8, 2, 32),
+        ([32768], 1, 8, 2, 64),
+        ([32768], 4, 8, 1, 22),
+        # W1 at one query token: the long unit's 67 pieces merge in less
+        # than a piece's stream, so every CTA is used.
+        (LENGTH_SETS["w1"], 1, 8, 2, 132),
+        (LENGTH_SETS["w1"], 1, 8, 1, 132),
+    ],
+)
+def test_merge_bounds_the_pieces_of_long_units(
+    lens: list[int], query_tokens: int, group: int, kv_element_bytes: int, ctas: int
+) -> None:
+    """Units with many query rows are cut into fewer, longer pieces: the CTA
+    that merges a unit reads all of its pieces alone."""
+    plan = plan_of(
+        lens,
+        num_ctas=132,
+        min_split_len=256,
+        query_tokens=query_tokens,
+        group=group,
+        kv_element_bytes=kv_element_bytes,
+    )
+    assert plan.num_ctas == ctas
+    check_plan(
+        plan,
+        lens,
+        1,
+        132,
+        256,
+        0,
+        query_tokens=query_tokens,
+        group=group,
+        kv_element_bytes=kv_element_bytes,
+    )
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_batch_invariant_mode_ignores_neighbours(seed: int) -> None:
     """With a fixed split length, the pieces of a sequence, and so the order
@@ -458,7 +541,7 @@ def test_replan_rewrites_every_descriptor() -> None:
     )
     for kv_lens in (big, small):
         torch.ops._hpc_C.plan_decode(
-            kv_lens, buffer, num_kv_heads, 1, 0, num_ctas, max_units, 1, 0, 0
+            kv_lens, buffer, num_kv_heads, 1, 0, num_ctas, max_units, 1, 0, 0, 1, 2
         )
     fresh = plan_decode_host(
         small, num_kv_heads, 1, num_ctas, min_split_len=64, max_batch=big.numel()
@@ -524,6 +607,6 @@ def test_plan_op_schema_and_fake() -> None:
     plan = torch.zeros(size, dtype=torch.int32)
     torch.library.opcheck(
         torch.ops._hpc_C.plan_decode.default,
-        (kv_lens, plan, 2, 1, 0, 16, 6, 1, 0, 0),
+        (kv_lens, plan, 2, 1, 0, 16, 6, 1, 0, 0, 4, 1),
         test_utils=("test_schema", "test_faketensor"),
     )

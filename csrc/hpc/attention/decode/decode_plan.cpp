@@ -17,15 +17,18 @@ void plan_decode_host(const int32_t* kv_lens, const PlanArgs& args,
 
   int32_t* unit_offset = plan + layout.unit_granule_offset();
   int64_t total = 0;
+  int max_unit_tiles = 0;
   for (int u = 0; u < num_units; ++u) {
     unit_offset[u] = static_cast<int32_t>(total);
     const int tiles =
         unit_tiles(kv_lens[u % args.batch], args.query_tokens, args.window);
     total += unit_granules(tiles, args.mode, args.split_tiles);
+    if (tiles > max_unit_tiles) max_unit_tiles = tiles;
   }
   unit_offset[num_units] = static_cast<int32_t>(total);
   const int num_ctas =
-      ctas_used(total, args.ctas_offered, args.min_split_tiles, args.mode);
+      ctas_used(total, args.ctas_offered,
+                balanced_min_tiles(args, max_unit_tiles), args.mode);
   if (num_ctas > layout.max_ctas) {
     throw std::invalid_argument("plan_decode: more pieces than CTA slots");
   }

@@ -62,6 +62,9 @@ __global__ void __launch_bounds__(kMaxPlannerThreads)
     plan_decode_kernel(const int32_t* __restrict__ kv_lens, const PlanArgs args,
                        const PlanLayout layout, int32_t* __restrict__ plan) {
   __shared__ int warp_sums[32];
+  __shared__ int max_unit_tiles;
+  if (threadIdx.x == 0) max_unit_tiles = 0;
+  __syncthreads();
   pdl_launch_dependents();
   pdl_wait_for_producer();  // lengths may be written by the previous kernel
 
@@ -70,16 +73,22 @@ __global__ void __launch_bounds__(kMaxPlannerThreads)
   const int u_begin =
       min(num_units, static_cast<int>(threadIdx.x) * per_thread);
   const int u_end = min(num_units, u_begin + per_thread);
+  auto tiles_of = [&](int u) {
+    return unit_tiles(kv_lens[u % args.batch], args.query_tokens, args.window);
+  };
   auto granules_of = [&](int u) {
-    const int tiles =
-        unit_tiles(kv_lens[u % args.batch], args.query_tokens, args.window);
-    return unit_granules(tiles, args.mode, args.split_tiles);
+    return unit_granules(tiles_of(u), args.mode, args.split_tiles);
   };
 
   int32_t* offset = plan + layout.unit_granule_offset();
   int local = 0;
-  for (int u = u_begin; u < u_end; ++u) local += granules_of(u);
-  int total = 0;
+  int local_max_tiles = 0;
+  for (int u = u_begin; u < u_end; ++u) {
+    local += granules_of(u);
+    local_max_tiles = max(local_max_tiles, tiles_of(u));
+  }
+  atomicMax(&max_unit_tiles, local_max_tiles);
+  int total = 0;  // (block_exclusive_sum's barriers order the maximum too)
   int running = block_exclusive_sum(local, warp_sums, &total);
   for (int u = u_begin; u < u_end; ++u) {
     offset[u] = running;
@@ -87,7 +96,8 @@ __global__ void __launch_bounds__(kMaxPlannerThreads)
   }
   if (threadIdx.x == 0) offset[num_units] = total;
   const int num_ctas =
-      ctas_used(total, args.ctas_offered, args.min_split_tiles, args.mode);
+      ctas_used(total, args.ctas_offered,
+                balanced_min_tiles(args, max_unit_tiles), args.mode);
   __syncthreads();  // every offset is visible to the block
 
   int32_t* num_pieces = plan + layout.unit_num_pieces();

@@ -30,6 +30,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "attention/common/mask.h"
@@ -148,6 +149,32 @@ HPC_HOST_DEVICE int unit_granules(int tiles, SplitMode mode, int split_tiles) {
   if (tiles <= 0) return 0;
   const int per = granule_tiles(tiles, mode, split_tiles);
   return (tiles + per - 1) / per;
+}
+
+// Balanced mode: the fewest tiles a CTA's range should hold so that merging
+// the longest unit does not outweigh its pieces. The CTA that finishes a
+// split unit's last piece reads every piece's partial rows alone (rows x
+// head size fp32 each, combine.cuh), while a piece streams its tiles' K and
+// V (2 x 64 x head size x kv_elem_bytes bytes each). A unit of T tiles in
+// pieces of S tiles reads T / S partials in its merge; the merge's bytes stay
+// at most kMergeBytesPerPieceByte times a piece's KV bytes when
+//   S^2 >= kMergeBytesPerPieceByte^-1 x T x rows x 4 / (128 x kv_elem_bytes).
+// Rows here are the unit's query rows (query tokens x query heads per KV
+// head). Returns that least S (0 when the units are short enough that the
+// offered CTAs decide).
+constexpr int kMergeBytesPerPieceByte = 1;
+HPC_HOST_DEVICE int merge_bound_tiles(int max_unit_tiles, int rows,
+                                      int kv_elem_bytes) {
+  // S^2 x 32 x kv_elem_bytes x kMergeBytesPerPieceByte >= T x rows.
+  const int64_t need = static_cast<int64_t>(max_unit_tiles) * rows;
+  const int64_t per = 32LL * kv_elem_bytes * kMergeBytesPerPieceByte;
+  if (need <= 0 || per <= 0) return 0;
+  // The square root rounded, then made exact in integers, so that the host
+  // and the GPU planner agree bit for bit.
+  int64_t s = static_cast<int64_t>(sqrt(static_cast<double>(need) / per));
+  while (s * s * per < need) ++s;
+  while (s > 1 && (s - 1) * (s - 1) * per >= need) --s;
+  return static_cast<int>(s);
 }
 
 // CTAs that receive work. Balanced: all offered, but no more than keep
@@ -305,8 +332,20 @@ struct PlanArgs {
   int ctas_offered;
   int min_split_tiles;
   SplitMode mode;
-  int split_tiles;  // batch-invariant mode
+  int split_tiles;    // batch-invariant mode
+  int group;          // query heads per KV head
+  int kv_elem_bytes;  // 1 (FP8) or 2
 };
+
+// The balanced mode's least tiles per CTA for a step whose longest unit
+// has `max_unit_tiles` tiles: the caller's, or more where the merge asks
+// for it (merge_bound_tiles).
+HPC_HOST_DEVICE int balanced_min_tiles(const PlanArgs& args,
+                                       int max_unit_tiles) {
+  const int merge = merge_bound_tiles(
+      max_unit_tiles, args.query_tokens * args.group, args.kv_elem_bytes);
+  return merge > args.min_split_tiles ? merge : args.min_split_tiles;
+}
 
 // Host planner: fills `plan` (layout.size() int32) for `args.batch`
 // sequences with KV lengths `kv_lens`.

@@ -44,7 +44,7 @@ static_assert(names_every_field(kItemNames, decode::kItemWords),
 void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
                  int64_t query_tokens, int64_t window, int64_t num_ctas,
                  int64_t max_units, int64_t min_split_tiles, int64_t mode,
-                 int64_t split_tiles) {
+                 int64_t split_tiles, int64_t group, int64_t kv_elem_bytes) {
   STD_TORCH_CHECK(kv_lens.device() == plan.device(),
                   "plan_decode: kv_lens and plan must be on one device");
   STD_TORCH_CHECK(
@@ -54,6 +54,9 @@ void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
                   "plan_decode: plan must be contiguous int32");
   STD_TORCH_CHECK(mode >= 0 && mode <= 2,
                   "plan_decode: mode must be 0, 1 or 2");
+  STD_TORCH_CHECK(group >= 1, "plan_decode: group must be >= 1");
+  STD_TORCH_CHECK(kv_elem_bytes == 1 || kv_elem_bytes == 2,
+                  "plan_decode: kv_elem_bytes must be 1 or 2");
   const decode::PlanLayout layout{static_cast<int>(max_units),
                                   static_cast<int>(num_ctas)};
   STD_TORCH_CHECK(plan.numel() >= layout.size(),
@@ -68,6 +71,8 @@ void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
   args.min_split_tiles = static_cast<int>(min_split_tiles);
   args.mode = static_cast<decode::SplitMode>(mode);
   args.split_tiles = static_cast<int>(split_tiles);
+  args.group = static_cast<int>(group);
+  args.kv_elem_bytes = static_cast<int>(kv_elem_bytes);
   STD_TORCH_CHECK(args.batch * args.num_kv_heads <= layout.max_units,
                   "plan_decode: batch x num_kv_heads exceeds max_units");
   if (kv_lens.is_cpu()) {

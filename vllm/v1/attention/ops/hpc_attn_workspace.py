@@ -57,6 +57,7 @@ class DecodeWorkspace:
     num_q_heads: int
     num_kv_heads: int
     head_size: int
+    kv_element_bytes: int  # 1: FP8 cache, 2: 16-bit
     max_query_tokens: int
     num_ctas: int
     max_ctas: int
@@ -102,8 +103,8 @@ class DecodeWorkspace:
             mode, min_split_len=min_split_len, fixed_split_len=fixed_split_len
         )
         device = torch.device(device)
+        elem_bytes = 1 if kv_cache_dtype == torch.float8_e4m3fn else 2
         if num_ctas is None:
-            elem_bytes = 1 if kv_cache_dtype == torch.float8_e4m3fn else 2
             num_ctas = _device_sm_count(device) * ops.decode_ctas_per_sm(
                 head_size, elem_bytes
             )
@@ -131,6 +132,7 @@ class DecodeWorkspace:
             num_q_heads=num_q_heads,
             num_kv_heads=num_kv_heads,
             head_size=head_size,
+            kv_element_bytes=elem_bytes,
             max_query_tokens=max_query_tokens,
             num_ctas=num_ctas,
             max_ctas=max_ctas,
@@ -155,6 +157,8 @@ class DecodeWorkspace:
             min_split_tiles=self.min_split_tiles,
             mode=self.mode,
             split_tiles=self.split_tiles,
+            group=self.num_q_heads // self.num_kv_heads,
+            kv_element_bytes=self.kv_element_bytes,
         )
 
 
