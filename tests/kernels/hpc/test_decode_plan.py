@@ -155,6 +155,24 @@ def merge_bound_tiles(max_unit_tiles: int, rows: int, kv_element_bytes: int) -> 
     return math.isqrt(least_square - 1) + 1
 
 
+def aligned_cut(
+    unit_tiles: list[int], num_ctas: int, min_tiles: int
+) -> tuple[int, int]:
+    """The balanced plan's CTAs C for these units, and the unit-aligned
+    piece length L that replaces it (0: none): the least L from the longest
+    balanced range l0 up to l0 + ceil(l0 / 8) whose whole pieces fit every
+    unit into C CTAs (decode_plan.h)."""
+    total = sum(unit_tiles)
+    if total == 0:
+        return 0, 0
+    ctas = min(num_ctas, max(1, total // max(1, min_tiles)))
+    l0 = -(-total // ctas)
+    for length in range(l0, l0 + -(-l0 // 8) + 1):
+        if sum(-(-t // length) for t in unit_tiles) <= ctas:
+            return ctas, length
+    return ctas, 0
+
+
 def check_plan(
     plan: DecodePlan,
     lens: list[int],
@@ -172,6 +190,29 @@ def check_plan(
         mode = SplitMode.BATCH_INVARIANT if fixed_split_len else SplitMode.BALANCED
     batch = len(lens)
     tiles = [visible_tiles(n, query_tokens, window) for n in lens]
+    if mode == SplitMode.BALANCED:
+        min_tiles = max(
+            min_split_len // TILE,
+            merge_bound_tiles(
+                max(tiles, default=0), query_tokens * group, kv_element_bytes
+            ),
+        )
+        ctas, length = aligned_cut(tiles * num_kv_heads, num_ctas, min_tiles)
+        if length:
+            # Whole pieces fit: the batch-invariant plan with S = length.
+            assert plan.mode == SplitMode.BATCH_INVARIANT
+            check_plan(
+                plan,
+                lens,
+                num_kv_heads,
+                ctas,
+                0,
+                length * TILE,
+                SplitMode.BATCH_INVARIANT,
+                window,
+                query_tokens,
+            )
+            return
     granules = [
         math.ceil(t / tiles_per_granule(t, mode, fixed_split_len)) if t else 0
         for t in tiles
@@ -457,10 +498,10 @@ def test_w1_balances_the_long_sequence() -> None:
         ([32768], 4, 8, 2, 32),
         ([32768], 1, 8, 2, 64),
         ([32768], 4, 8, 1, 22),
-        # W1 at one query token: the long unit's 67 pieces merge in less
-        # than a piece's stream, so every CTA is used.
-        (LENGTH_SETS["w1"], 1, 8, 2, 132),
-        (LENGTH_SETS["w1"], 1, 8, 1, 132),
+        # W1 at one query token: the merge asks for no more than the
+        # CTAs' share (31 tiles); the plan is the unit-aligned one.
+        (LENGTH_SETS["w1"], 1, 8, 2, 126),
+        (LENGTH_SETS["w1"], 1, 8, 1, 126),
     ],
 )
 def test_merge_bounds_the_pieces_of_long_units(
@@ -488,6 +529,37 @@ def test_merge_bounds_the_pieces_of_long_units(
         group=group,
         kv_element_bytes=kv_element_bytes,
     )
+
+
+@pytest.mark.parametrize(
+    ("lens", "aligned_tiles", "ctas"),
+    [
+        # W1: 31-tile balanced ranges would leave most CTAs with the end of
+        # one unit and the start of the next; pieces of 32 tiles give the
+        # long unit 64 CTAs and every short one two.
+        (LENGTH_SETS["w1"], 32, 126),
+        # Eight equal units: 16 pieces of 32 tiles each instead of 17 or 18
+        # ranges of 31 that cross unit boundaries.
+        ([32768] * 8, 32, 128),
+        # Many one-tile units beside a long one need more CTAs than offered
+        # at any length within an eighth of 10 tiles: balanced ranges.
+        ([64] * 200 + [64000], 0, 132),
+    ],
+)
+def test_balanced_plans_align_to_units_when_whole_pieces_fit(
+    lens: list[int], aligned_tiles: int, ctas: int
+) -> None:
+    """One work item per CTA where pieces of nearly the balanced length fit
+    every unit into the balanced plan's CTAs."""
+    plan = plan_of(lens, num_ctas=132, min_split_len=256)
+    assert plan.num_ctas == ctas
+    if aligned_tiles:
+        assert plan.mode == SplitMode.BATCH_INVARIANT
+        assert plan.split_tiles == aligned_tiles
+        assert all(len(pieces) == 1 for pieces in walk(plan))
+    else:
+        assert plan.mode == SplitMode.BALANCED
+    check_plan(plan, lens, 1, 132, 256, 0)
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -8,12 +8,50 @@
 namespace hpc {
 namespace decode {
 
-void plan_decode_host(const int32_t* kv_lens, const PlanArgs& args,
+namespace {
+
+// The step's cut: the requested mode's, or for the balanced mode its
+// unit-aligned form when one fits (aligned_split_tiles).
+PlanArgs step_cut(const int32_t* kv_lens, const PlanArgs& request) {
+  if (request.mode != SplitMode::kBalanced) return request;
+  const int num_units = request.batch * request.num_kv_heads;
+  const auto tiles_of = [&](int u) {
+    return unit_tiles(kv_lens[u % request.batch], request.query_tokens,
+                      request.window);
+  };
+  int64_t total = 0;
+  int max_unit_tiles = 0;
+  for (int u = 0; u < num_units; ++u) {
+    total += tiles_of(u);
+    if (tiles_of(u) > max_unit_tiles) max_unit_tiles = tiles_of(u);
+  }
+  const int ctas = ctas_used(total, request.ctas_offered,
+                             balanced_min_tiles(request, max_unit_tiles),
+                             SplitMode::kBalanced);
+  if (ctas == 0) return request;
+  const int l0 = static_cast<int>((total + ctas - 1) / ctas);
+  const int split = aligned_split_tiles(l0, ctas, [&](int s) {
+    int64_t pieces = 0;
+    for (int u = 0; u < num_units; ++u) pieces += (tiles_of(u) + s - 1) / s;
+    return pieces;
+  });
+  if (split == 0) return request;
+  PlanArgs cut = request;
+  cut.mode = SplitMode::kBatchInvariant;
+  cut.split_tiles = split;
+  cut.ctas_offered = ctas;
+  return cut;
+}
+
+}  // namespace
+
+void plan_decode_host(const int32_t* kv_lens, const PlanArgs& request,
                       const PlanLayout& layout, int32_t* plan) {
-  const int num_units = args.batch * args.num_kv_heads;
-  if (num_units > layout.max_units || args.ctas_offered > layout.max_ctas) {
+  const int num_units = request.batch * request.num_kv_heads;
+  if (num_units > layout.max_units || request.ctas_offered > layout.max_ctas) {
     throw std::invalid_argument("plan_decode: workspace too small");
   }
+  const PlanArgs args = step_cut(kv_lens, request);
 
   int32_t* unit_offset = plan + layout.unit_granule_offset();
   int64_t total = 0;

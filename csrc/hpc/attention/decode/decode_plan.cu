@@ -59,8 +59,9 @@ __device__ int find_unit(const int32_t* offset, int num_units, int x) {
 }
 
 __global__ void __launch_bounds__(kMaxPlannerThreads)
-    plan_decode_kernel(const int32_t* __restrict__ kv_lens, const PlanArgs args,
-                       const PlanLayout layout, int32_t* __restrict__ plan) {
+    plan_decode_kernel(const int32_t* __restrict__ kv_lens,
+                       const PlanArgs request, const PlanLayout layout,
+                       int32_t* __restrict__ plan) {
   __shared__ int warp_sums[32];
   __shared__ int max_unit_tiles;
   if (threadIdx.x == 0) max_unit_tiles = 0;
@@ -68,27 +69,54 @@ __global__ void __launch_bounds__(kMaxPlannerThreads)
   pdl_launch_dependents();
   pdl_wait_for_producer();  // lengths may be written by the previous kernel
 
-  const int num_units = args.batch * args.num_kv_heads;
+  const int num_units = request.batch * request.num_kv_heads;
   const int per_thread = (num_units + blockDim.x - 1) / blockDim.x;
   const int u_begin =
       min(num_units, static_cast<int>(threadIdx.x) * per_thread);
   const int u_end = min(num_units, u_begin + per_thread);
   auto tiles_of = [&](int u) {
-    return unit_tiles(kv_lens[u % args.batch], args.query_tokens, args.window);
+    return unit_tiles(kv_lens[u % request.batch], request.query_tokens,
+                      request.window);
   };
+
+  // The step's cut (the host planner's step_cut): the balanced plan's CTAs
+  // from the tiles and the longest unit, then its unit-aligned form.
+  int local = 0;
+  int local_max_tiles = 0;
+  for (int u = u_begin; u < u_end; ++u) {
+    local += tiles_of(u);
+    local_max_tiles = max(local_max_tiles, tiles_of(u));
+  }
+  atomicMax(&max_unit_tiles, local_max_tiles);
+  int tiles_total = 0;  // (block_exclusive_sum's barriers order the maximum)
+  block_exclusive_sum(local, warp_sums, &tiles_total);
+  const int balanced_ctas = ctas_used(
+      tiles_total, request.ctas_offered,
+      balanced_min_tiles(request, max_unit_tiles), SplitMode::kBalanced);
+  PlanArgs args = request;
+  if (request.mode == SplitMode::kBalanced && balanced_ctas > 0) {
+    const int l0 = (tiles_total + balanced_ctas - 1) / balanced_ctas;
+    const int split = aligned_split_tiles(l0, balanced_ctas, [&](int s) {
+      int mine = 0;
+      for (int u = u_begin; u < u_end; ++u) mine += (tiles_of(u) + s - 1) / s;
+      int pieces = 0;
+      block_exclusive_sum(mine, warp_sums, &pieces);
+      return static_cast<int64_t>(pieces);
+    });
+    if (split > 0) {
+      args.mode = SplitMode::kBatchInvariant;
+      args.split_tiles = split;
+      args.ctas_offered = balanced_ctas;
+    }
+  }
   auto granules_of = [&](int u) {
     return unit_granules(tiles_of(u), args.mode, args.split_tiles);
   };
 
   int32_t* offset = plan + layout.unit_granule_offset();
-  int local = 0;
-  int local_max_tiles = 0;
-  for (int u = u_begin; u < u_end; ++u) {
-    local += granules_of(u);
-    local_max_tiles = max(local_max_tiles, tiles_of(u));
-  }
-  atomicMax(&max_unit_tiles, local_max_tiles);
-  int total = 0;  // (block_exclusive_sum's barriers order the maximum too)
+  local = 0;
+  for (int u = u_begin; u < u_end; ++u) local += granules_of(u);
+  int total = 0;
   int running = block_exclusive_sum(local, warp_sums, &total);
   for (int u = u_begin; u < u_end; ++u) {
     offset[u] = running;

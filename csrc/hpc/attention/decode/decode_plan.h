@@ -10,7 +10,10 @@
 //   floor((c + 1) * W / C)), so tile counts differ by at most one between
 //   CTAs; a unit is split wherever a range boundary falls. C is the number of
 //   CTAs the caller offers, reduced so that every CTA gets at least
-//   min_split_tiles tiles.
+//   min_split_tiles tiles (or more, merge_bound_tiles). When whole pieces
+//   of nearly the same length fit every unit into those CTAs, the plan is
+//   the batch-invariant one with that piece length instead
+//   (aligned_split_tiles): one work item per CTA.
 // * batch-invariant: every unit is cut into pieces of S = split_tiles tiles
 //   (the last may be shorter), independently of the other sequences, and the
 //   pieces are dealt to CTAs as contiguous ranges in the same way. Each piece
@@ -345,6 +348,36 @@ HPC_HOST_DEVICE int balanced_min_tiles(const PlanArgs& args,
   const int merge = merge_bound_tiles(
       max_unit_tiles, args.query_tokens * args.group, args.kv_elem_bytes);
   return merge > args.min_split_tiles ? merge : args.min_split_tiles;
+}
+
+// Balanced mode, unit-aligned. The balanced ranges cut units wherever a
+// range boundary falls, so most CTAs hold the end of one unit and the start
+// of the next: two work items, each with its own query load, epilogue and
+// partial rows, the second waiting for the first's merge when the CTA
+// finished that unit's last piece. If pieces of L tiles, L at most an eighth
+// (and at least one tile) above the balanced plan's longest range `l0`,
+// cut every unit into no more pieces than the plan's `ctas` CTAs, the
+// planners write the batch-invariant plan with S = L (one piece per CTA).
+// `pieces_of(L)` returns the sum over units of ceil(tiles / L), the same on
+// every caller (a block-wide sum on the GPU). Returns the least such L, or 0
+// when none fits.
+HPC_HOST_DEVICE int aligned_limit(int l0) { return l0 + (l0 + 7) / 8; }
+
+template <class PiecesOf>
+HPC_HOST_DEVICE int aligned_split_tiles(int l0, int ctas, PiecesOf pieces_of) {
+  int lo = l0;
+  int hi = aligned_limit(l0);
+  if (l0 <= 0 || pieces_of(hi) > ctas) return 0;
+  // pieces_of does not grow with L: the least L that fits, by bisection.
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (pieces_of(mid) <= ctas) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
 }
 
 // Host planner: fills `plan` (layout.size() int32) for `args.batch`
