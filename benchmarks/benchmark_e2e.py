@@ -32,7 +32,9 @@ usage: python benchmarks/benchmark_e2e.py [--models hy3] [--kv bf16,fp8]
            [--profile]
 
 ``--profile`` records, per run, the kernels that took the most device time in
-four decode steps (``decode_kernels`` in ``runs.json``), to tell where one
+four decode steps (``decode_kernels`` in ``runs.json``), the device time of
+all their kernels (``decode_device_us_per_step``) and the host operators with
+the most CPU time of their own (``decode_host_ops``), to tell where one
 backend's step time goes against another's; the decode records then carry
 ``attn_kernel_us_per_layer``, the device time of the backend's own decode
 attention kernels per layer (``ATTENTION_KERNELS``).
@@ -183,11 +185,10 @@ def _reinit_weights(worker: Any, seed: int) -> int:
 
 def _step_until_done(
     engine: Any, profile_steps: range = range(0)
-) -> tuple[list[float], list[dict[str, Any]] | None]:
+) -> tuple[list[float], dict[str, Any] | None]:
     """Steps the engine until its requests finish: the seconds of each step,
-    and the costliest kernels per step of the steps whose index is in
-    ``profile_steps`` (those run under the profiler and are not timed: the
-    profiler slows them)."""
+    and the profile of the steps whose index is in ``profile_steps`` (those
+    run under the profiler and are not timed: the profiler slows them)."""
     import torch
 
     times: list[float] = []
@@ -197,7 +198,10 @@ def _step_until_done(
     while engine.has_unfinished_requests():
         if profile_steps and step == profile_steps.start:
             profiler = torch.profiler.profile(
-                activities=[torch.profiler.ProfilerActivity.CUDA]
+                activities=[
+                    torch.profiler.ProfilerActivity.CPU,
+                    torch.profiler.ProfilerActivity.CUDA,
+                ]
             )
             profiler.start()
         t0 = time.perf_counter()
@@ -214,23 +218,43 @@ def _step_until_done(
 
 
 PROFILE_KERNELS = 25
+PROFILE_HOST_OPS = 15
 
 
-def _kernel_table(profiler: Any, steps: int) -> list[dict[str, Any]]:
-    """The kernels that took the most device time, per step."""
-    rows = []
+def _kernel_table(profiler: Any, steps: int) -> dict[str, Any]:
+    """Per step: the kernels that took the most device time, the device
+    time of all kernels, and the host-side operators that took the most CPU
+    time of their own (a step is synchronous, so its time is the host's work
+    plus the device's)."""
+    kernels = []
+    host = []
+    device_total = 0.0
     for event in profiler.key_averages():
         device_us = getattr(event, "self_device_time_total", 0.0)
         if device_us > 0:
-            rows.append(
+            device_total += device_us
+            kernels.append(
                 {
                     "kernel": event.key[:120],
                     "us_per_step": round(device_us / steps, 1),
                     "calls_per_step": round(event.count / steps, 2),
                 }
             )
-    rows.sort(key=lambda r: -r["us_per_step"])
-    return rows[:PROFILE_KERNELS]
+        elif event.self_cpu_time_total > 0:
+            host.append(
+                {
+                    "op": event.key[:120],
+                    "cpu_us_per_step": round(event.self_cpu_time_total / steps, 1),
+                    "calls_per_step": round(event.count / steps, 2),
+                }
+            )
+    kernels.sort(key=lambda r: -r["us_per_step"])
+    host.sort(key=lambda r: -r["cpu_us_per_step"])
+    return {
+        "kernels": kernels[:PROFILE_KERNELS],
+        "device_us_per_step": round(device_total / steps, 1),
+        "host_ops": host[:PROFILE_HOST_OPS],
+    }
 
 
 def _prompt(rng: Any, n: int) -> dict[str, list[int]]:
@@ -337,10 +361,12 @@ def run_one(
         engine.add_request(f"decode-{i}", _prompt(rng, n), params)
     # Profiled: a few steps just before the timed ones end, all decodes.
     profiled = range(DECODE_STEPS - 8, DECODE_STEPS - 4) if profile else range(0)
-    steps, kernels = _step_until_done(engine, profiled)
+    steps, profile_table = _step_until_done(engine, profiled)
     result["decode_step_us"] = statistics.median(steps[-TIMED_DECODE_STEPS:]) * 1e6
-    if kernels is not None:
-        result["decode_kernels"] = kernels
+    if profile_table is not None:
+        result["decode_kernels"] = profile_table["kernels"]
+        result["decode_device_us_per_step"] = profile_table["device_us_per_step"]
+        result["decode_host_ops"] = profile_table["host_ops"]
     result["decode_steps"] = len(steps)
 
     # Prefill: one long prompt, a token out.

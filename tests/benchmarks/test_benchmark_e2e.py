@@ -126,9 +126,27 @@ class _FakeProfiler:
     def key_averages(self):
         event = types.SimpleNamespace
         return [
-            event(key="decode_kernel", self_device_time_total=300.0, count=4),
-            event(key="gemm", self_device_time_total=900.0, count=8),
-            event(key="host_only", self_device_time_total=0.0, count=2),
+            event(
+                key="decode_kernel",
+                self_device_time_total=300.0,
+                self_cpu_time_total=0.0,
+                count=4,
+            ),
+            event(
+                key="gemm",
+                self_device_time_total=900.0,
+                self_cpu_time_total=0.0,
+                count=8,
+            ),
+            event(
+                key="host_only",
+                self_device_time_total=0.0,
+                self_cpu_time_total=50.0,
+                count=2,
+            ),
+            event(
+                key="idle", self_device_time_total=0.0, self_cpu_time_total=0.0, count=1
+            ),
         ]
 
 
@@ -145,8 +163,15 @@ def test_profiled_steps_are_not_timed(monkeypatch: pytest.MonkeyPatch):
     times, kernels = e2e._step_until_done(engine, range(2, 4))
     assert engine.stepped == 6
     assert len(times) == 4  # steps 2 and 3 ran under the profiler
-    # Per step over the two profiled steps, costliest first, device work only.
-    assert kernels == [
-        {"kernel": "gemm", "us_per_step": 450.0, "calls_per_step": 4.0},
-        {"kernel": "decode_kernel", "us_per_step": 150.0, "calls_per_step": 2.0},
-    ]
+    # Per step over the two profiled steps, costliest first: device work,
+    # its total, and host operators by their own CPU time.
+    assert kernels == {
+        "kernels": [
+            {"kernel": "gemm", "us_per_step": 450.0, "calls_per_step": 4.0},
+            {"kernel": "decode_kernel", "us_per_step": 150.0, "calls_per_step": 2.0},
+        ],
+        "device_us_per_step": 600.0,
+        "host_ops": [
+            {"op": "host_only", "cpu_us_per_step": 25.0, "calls_per_step": 1.0}
+        ],
+    }
