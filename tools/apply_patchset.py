@@ -1193,6 +1193,7 @@ SERIES: tuple[Step, ...] = (
             "tests/kernels/hpc/utils.py",
             "tests/kernels/hpc/sanitizer_runner.py",
             "tests/kernels/hpc/test_module_imports.py",
+            "tests/kernels/hpc/test_kernel_limits.py",
             "tests/kernels/hpc/*rope_norm*",
             "benchmarks/kernels/bench_utils.py",
             "benchmarks/kernels/check_hopper.py",

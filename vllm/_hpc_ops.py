@@ -69,29 +69,6 @@ __all__ = [
     "rope_norm_store_kv",
 ]
 
-# ---------------------------------------------------------------------------
-# Limits of the kernels
-# ---------------------------------------------------------------------------
-
-SUPPORTED_HEAD_SIZES = (64, 128, 256)
-SUPPORTED_BLOCK_SIZES = (16, 32, 64)
-MAX_GQA_RATIO = 16
-FP8_E4M3_MAX = 448.0
-# KV tokens per decode tile; split lengths are multiples of it.
-DECODE_TILE_TOKENS = 64
-# Query tokens per request (speculative decoding: up to 7 draft tokens), and
-# rows of one KV head's decode tile: query tokens x GQA ratio.
-MAX_DECODE_QUERY_TOKENS = 8
-MAX_DECODE_ROWS = 64
-# A packed prefill tile keeps its KV head in the low 8 bits (prefill_plan.h).
-PREFILL_MAX_KV_HEADS = 256
-MOE_BLOCK_SHAPE = (128, 128)
-MOE_MAX_TOPK = 16
-# hidden_size must be a multiple of MOE_HIDDEN_ALIGN; intermediate_size of
-# MOE_INTERMEDIATE_ALIGN (per-tensor) or of the block (block-wise).
-MOE_HIDDEN_ALIGN = 128
-MOE_INTERMEDIATE_ALIGN = 64
-
 
 class QkNormPolicy(enum.IntEnum):
     """Order of the per-head QK-RMSNorm relative to RoPE.
@@ -162,6 +139,61 @@ _C: Any = torch.ops._hpc_C if _LIBRARY_LOADED else _MissingLibrary()
 def hpc_ops_available() -> bool:
     """True when the compiled ``_hpc_C`` library is loaded."""
     return _LIBRARY_LOADED
+
+
+# ---------------------------------------------------------------------------
+# Limits of the kernels
+# ---------------------------------------------------------------------------
+
+
+def _kernel_limits() -> dict[str, tuple[int, ...]]:
+    """The library's limits by name (csrc/hpc/kernel_limits.h), or an empty dict
+    when it is absent."""
+    if not _LIBRARY_LOADED:
+        return {}
+    limits = {}
+    for entry in _C.kernel_limits():
+        name, _, values = entry.partition("=")
+        limits[name] = tuple(int(v) for v in values.split(","))
+    return limits
+
+
+# What the limits read where the library is absent (a machine without the
+# CUDA build: the validation and the fakes still work); the tests check that
+# the library says the same.
+_FALLBACK_LIMITS: dict[str, tuple[int, ...]] = {
+    "head_sizes": (64, 128, 256),
+    "block_sizes": (16, 32, 64),
+    "max_gqa_ratio": (16,),
+    "decode_tile_tokens": (64,),
+    "max_decode_query_tokens": (8,),
+    "max_decode_rows": (64,),
+    "prefill_max_kv_heads": (256,),
+    "moe_block_shape": (128, 128),
+    "moe_max_topk": (16,),
+    "moe_hidden_align": (128,),
+    "moe_intermediate_align": (64,),
+}
+_LIMITS = _kernel_limits() or _FALLBACK_LIMITS
+
+SUPPORTED_HEAD_SIZES = _LIMITS["head_sizes"]
+SUPPORTED_BLOCK_SIZES = _LIMITS["block_sizes"]
+(MAX_GQA_RATIO,) = _LIMITS["max_gqa_ratio"]
+FP8_E4M3_MAX = 448.0
+# KV tokens per decode tile; split lengths are multiples of it.
+(DECODE_TILE_TOKENS,) = _LIMITS["decode_tile_tokens"]
+# Query tokens per request (speculative decoding: up to 7 draft tokens), and
+# rows of one KV head's decode tile: query tokens x GQA ratio.
+(MAX_DECODE_QUERY_TOKENS,) = _LIMITS["max_decode_query_tokens"]
+(MAX_DECODE_ROWS,) = _LIMITS["max_decode_rows"]
+# A packed prefill tile keeps its KV head in the low 8 bits (prefill_plan.h).
+(PREFILL_MAX_KV_HEADS,) = _LIMITS["prefill_max_kv_heads"]
+MOE_BLOCK_SHAPE = _LIMITS["moe_block_shape"]
+(MOE_MAX_TOPK,) = _LIMITS["moe_max_topk"]
+# hidden_size must be a multiple of MOE_HIDDEN_ALIGN; intermediate_size of
+# MOE_INTERMEDIATE_ALIGN (per-tensor) or of the block (block-wise).
+(MOE_HIDDEN_ALIGN,) = _LIMITS["moe_hidden_align"]
+(MOE_INTERMEDIATE_ALIGN,) = _LIMITS["moe_intermediate_align"]
 
 
 # ---------------------------------------------------------------------------

@@ -128,4 +128,7 @@ int64_t moe_workspace_bytes(int64_t max_tokens, int64_t topk,
                             int64_t num_local_experts, int64_t hidden_size,
                             int64_t intermediate_size);
 
+// What the kernels accept (kernel_limits.h), by name: "name=v1,v2,...".
+std::vector<std::string> kernel_limits();
+
 }  // namespace hpc

@@ -62,6 +62,7 @@ STABLE_TORCH_LIBRARY(_hpc_C, m) {
   m.def(
       "moe_workspace_bytes(int max_tokens, int topk, int num_local_experts, "
       "int hidden_size, int intermediate_size) -> int");
+  m.def("kernel_limits() -> str[]");
 }
 
 STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CUDA, m) {
@@ -93,6 +94,7 @@ STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CompositeExplicitAutograd, m) {
   m.impl("moe_tiling", TORCH_BOX(&hpc::moe_tiling));
   m.impl("moe_tiling_fields", TORCH_BOX(&hpc::moe_tiling_fields));
   m.impl("moe_workspace_bytes", TORCH_BOX(&hpc::moe_workspace_bytes));
+  m.impl("kernel_limits", TORCH_BOX(&hpc::kernel_limits));
 }
 
 PyMODINIT_FUNC PyInit__hpc_C(void) {

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 
 #include "common/cuda_check.h"
 #include "common/device_info.h"
 #include "common/pdl.cuh"
 #include "common/smem_config.h"
+#include "kernel_limits.h"
 #include "moe/moe.h"
 #include "moe/moe_decode_down.cuh"
 #include "moe/moe_decode_gate_up.cuh"
@@ -61,12 +63,14 @@ void launch_decode(const MoeParams& p, cudaStream_t stream) {
 
 void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
-  if (p.hidden % kScaleBlock != 0 || p.inter % 64 != 0 ||
+  if (p.hidden % limits::kMoeHiddenAlign != 0 ||
+      p.inter % limits::kMoeIntermediateAlign != 0 ||
       (p.block_wise && p.inter % kScaleBlock != 0)) {
     throw std::invalid_argument("fused_moe_fp8: unsupported hidden/inter size");
   }
   if (p.topk < 1 || p.topk > kMaxTopk) {
-    throw std::invalid_argument("fused_moe_fp8: topk must be in [1, 16]");
+    throw std::invalid_argument("fused_moe_fp8: topk must be in [1, " +
+                                std::to_string(kMaxTopk) + "]");
   }
   if (p.tiling.gate_up_split < 1 || p.tiling.gate_up_split > kMaxSplit ||
       (p.tiling.gate_up_split > 1 && p.tiling.token_tile != kMinTokenTile)) {

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernel_limits.h"
+
 #ifdef __CUDACC__
   #define HPC_MOE_HD __host__ __device__ __forceinline__
 #else
@@ -29,12 +31,14 @@
 namespace hpc {
 namespace moe {
 
-constexpr int kScaleBlock = 128;  // block-wise scales: 128 x 128 weights,
-                                  // 1 x 128 activations
-constexpr int kTileK = 128;       // K bytes per pipeline stage = 1 scale block
-constexpr int kWgRows = 128;      // weight rows per consumer warpgroup
+// Block-wise scales: one per 128 x 128 weights and per 1 x 128 activations.
+constexpr int kScaleBlock = limits::kMoeBlockShape[0];
+static_assert(limits::kMoeBlockShape[0] == limits::kMoeBlockShape[1],
+              "the kernels read square scale blocks");
+constexpr int kTileK = 128;   // K bytes per pipeline stage = 1 scale block
+constexpr int kWgRows = 128;  // weight rows per consumer warpgroup
 constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
-constexpr int kMaxTopk = 16;
+constexpr int kMaxTopk = limits::kMoeMaxTopk;
 constexpr int kMinTokenTile = 8;
 constexpr int kMaxTokenTile = 128;
 // Block-wise scaling folds each k-block's partial product into the result

@@ -2,6 +2,7 @@
 #include <cstdint>
 
 #include "common/stable_tensor.h"
+#include "kernel_limits_text.h"
 #include "ops.h"
 #include "rope_norm/rope_norm.h"
 
@@ -95,6 +96,9 @@ void rope_norm_store_kv(const Tensor& qkv, const Tensor& positions,
   p.cache_token_stride = key_cache.stride(1);
   p.cache_head_stride = key_cache.stride(2);
   p.block_size = static_cast<int>(key_cache.size(1));
+  STD_TORCH_CHECK(limits::is_block_size(p.block_size), kOp,
+                  ": the cache's block size must be one of ",
+                  limits::joined(limits::kBlockSizes), ", got ", p.block_size);
   p.cache_is_fp8 = key_cache.scalar_type() == Dtype::Float8_e4m3fn;
   if (p.cache_is_fp8) {
     STD_TORCH_CHECK(k_scale.has_value() && v_scale.has_value(), kOp,

@@ -14,11 +14,12 @@
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
 #include "common/sync.cuh"
+#include "kernel_limits.h"
 
 namespace hpc {
 namespace decode {
 
-constexpr int kMaxRows = 64;  // query tokens x GQA ratio of one unit
+constexpr int kMaxRows = limits::kMaxDecodeRows;  // rows of one unit
 constexpr int kPiecesInFlight = 16;
 constexpr int kLseChunks = 4;  // LSEs a lane holds in merge_split_row
 static_assert(32 % kPiecesInFlight == 0);

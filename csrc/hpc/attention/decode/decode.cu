@@ -7,6 +7,7 @@
 
 #include "attention/common/paged_kv_tma.h"
 #include "attention/decode/decode_kernel.cuh"
+#include "kernel_limits.h"
 
 namespace hpc {
 namespace decode {
@@ -18,7 +19,7 @@ using attention::paged_cache_map;
 }  // namespace
 
 int decode_ctas_per_sm(int head_dim) {
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+  if (!limits::is_head_size(head_dim)) {
     throw std::invalid_argument("decode: unsupported head size " +
                                 std::to_string(head_dim));
   }

@@ -29,6 +29,7 @@
 #include "attention/common/column_softmax.cuh"
 #include "attention/common/gmma_layouts.cuh"
 #include "attention/decode/decode_plan.h"
+#include "kernel_limits.h"
 
 namespace hpc {
 namespace decode {
@@ -49,6 +50,7 @@ struct DecodeConfig {
   static constexpr bool kFp8 = std::is_same_v<Element, cute::float_e4m3_t>;
   static constexpr int kElemBytes = kFp8 ? 1 : 2;
   static_assert(kRows == 8 || kRows == 16 || kRows == 32 || kRows == 64);
+  static_assert(kRows <= limits::kMaxDecodeRows);
   static_assert(kHeadDim % 64 == 0);
 
   // 64 rows: each warpgroup takes 32 of every tile. Fewer: the warpgroups

@@ -3,6 +3,7 @@
 // the checks here guard the kernels' invariants.
 #include "attention/decode/decode.h"
 #include "common/stable_tensor.h"
+#include "kernel_limits_text.h"
 #include "ops.h"
 
 namespace hpc {
@@ -69,6 +70,9 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
   p.block_table_stride = block_table.stride(0);
   p.kv_lens = kv_lens.const_data_ptr<int32_t>();
   p.block_size = static_cast<int>(key_cache.size(1));
+  STD_TORCH_CHECK(limits::is_block_size(p.block_size), kOp,
+                  ": the cache's block size must be one of ",
+                  limits::joined(limits::kBlockSizes), ", got ", p.block_size);
   p.plan = plan.const_data_ptr<int32_t>();
   p.layout = {static_cast<int>(max_units), static_cast<int>(num_ctas)};
   STD_TORCH_CHECK(
@@ -84,10 +88,15 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
   p.batch = batch;
   p.num_kv_heads = num_kv_heads;
   p.group = static_cast<int>(q.size(1)) / num_kv_heads;
+  STD_TORCH_CHECK(
+      query_tokens >= 1 && query_tokens <= limits::kMaxDecodeQueryTokens, kOp,
+      ": query_tokens must be in 1..", limits::kMaxDecodeQueryTokens, ", got ",
+      query_tokens);
   p.query_tokens = static_cast<int>(query_tokens);
   p.rows = p.group * p.query_tokens;
-  STD_TORCH_CHECK(p.rows <= 64, kOp,
-                  ": query_tokens x the GQA ratio must be at most 64");
+  STD_TORCH_CHECK(p.rows <= limits::kMaxDecodeRows, kOp,
+                  ": query_tokens x the GQA ratio must be at most ",
+                  limits::kMaxDecodeRows, ", got ", p.rows);
   STD_TORCH_CHECK(q.size(0) == batch * query_tokens, kOp,
                   ": q must have query_tokens rows per kv_lens entry");
   // The workspace sizes both for its largest row count; a step with fewer

@@ -38,11 +38,12 @@
 
 #include "attention/common/mask.h"
 #include "common/host_device.h"
+#include "kernel_limits.h"
 
 namespace hpc {
 namespace decode {
 
-constexpr int kTileTokens = 64;
+constexpr int kTileTokens = limits::kDecodeTileTokens;
 constexpr int kStaticMaxSplits = 16;
 constexpr int kStaticSplitTokens = 512;
 

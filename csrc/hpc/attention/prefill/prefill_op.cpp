@@ -3,6 +3,7 @@
 // the checks here guard the kernel's memory accesses.
 #include "attention/prefill/prefill.h"
 #include "common/stable_tensor.h"
+#include "kernel_limits_text.h"
 #include "ops.h"
 
 namespace hpc {
@@ -75,8 +76,9 @@ void prefill_attention(const Tensor& q, const Tensor& key_cache,
   STD_TORCH_CHECK(num_kv_heads >= 1 && num_q_heads % num_kv_heads == 0, kOp,
                   ": q's heads must be a multiple of the caches' KV heads");
   const int group = num_q_heads / num_kv_heads;
-  STD_TORCH_CHECK(group >= 1 && group <= 16, kOp,
-                  ": the GQA ratio must be in 1..16");
+  STD_TORCH_CHECK(group >= 1 && group <= limits::kMaxGqaRatio, kOp,
+                  ": the GQA ratio must be in 1..", limits::kMaxGqaRatio,
+                  ", got ", group);
 
   const DeviceGuard device_guard(q.get_device_index());
   prefill::PrefillParams p{};
@@ -104,6 +106,9 @@ void prefill_attention(const Tensor& q, const Tensor& key_cache,
   p.block_table = block_table.const_data_ptr<int32_t>();
   p.block_table_stride = block_table.stride(0);
   p.block_size = static_cast<int>(key_cache.size(1));
+  STD_TORCH_CHECK(limits::is_block_size(p.block_size), kOp,
+                  ": the cache's block size must be one of ",
+                  limits::joined(limits::kBlockSizes), ", got ", p.block_size);
   p.plan = plan.const_data_ptr<int32_t>();
   p.num_tokens = static_cast<int>(q.size(0));
   p.num_kv_heads = num_kv_heads;

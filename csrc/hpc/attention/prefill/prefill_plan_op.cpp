@@ -9,6 +9,7 @@
 #include "attention/prefill/prefill_plan.h"
 #include "common/field_names.h"
 #include "common/stable_tensor.h"
+#include "kernel_limits.h"
 #include "ops.h"
 
 namespace hpc {
@@ -17,7 +18,7 @@ namespace {
 
 constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
 // Packed tiles keep the KV head in 8 bits and the m-block above them.
-constexpr int64_t kMaxKvHeads = 256;
+constexpr int64_t kMaxKvHeads = limits::kPrefillMaxKvHeads;
 constexpr int64_t kMaxMBlocks = int64_t{1} << 23;
 
 // The header's fields by name, in PlanHeader order: plan readers index the
@@ -43,10 +44,9 @@ void check_heads(int64_t num_q_heads, int64_t num_kv_heads) {
                   "prefill: num_q_heads (", num_q_heads,
                   ") must be a positive multiple of num_kv_heads (",
                   num_kv_heads, ")");
-  STD_TORCH_CHECK(
-      num_q_heads / num_kv_heads <= 16,
-      "prefill: num_q_heads / num_kv_heads must be at most 16, got ",
-      num_q_heads / num_kv_heads);
+  STD_TORCH_CHECK(num_q_heads / num_kv_heads <= limits::kMaxGqaRatio,
+                  "prefill: num_q_heads / num_kv_heads must be at most ",
+                  limits::kMaxGqaRatio, ", got ", num_q_heads / num_kv_heads);
 }
 
 }  // namespace
