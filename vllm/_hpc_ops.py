@@ -56,6 +56,7 @@ __all__ = [
     "SplitMode",
     "decode_attention",
     "decode_ctas_per_sm",
+    "decode_plan_layout",
     "decode_plan_size",
     "decode_workspace_sizes",
     "fused_moe_fp8",
@@ -318,12 +319,25 @@ def rope_norm_store_kv(
 # ---------------------------------------------------------------------------
 
 
+def _named(values: list[int], names: list[str]) -> dict[str, int]:
+    """An op's list of values keyed by the names its ``*_fields`` op gives,
+    in the same order (written once in C++)."""
+    return dict(zip(names, (int(v) for v in values), strict=True))
+
+
+def decode_plan_layout(max_units: int, num_ctas: int) -> dict[str, int]:
+    """The offsets of a decode plan's arrays and its size, in int32
+    elements, for up to ``max_units`` (batch x KV heads) units and
+    ``num_ctas`` CTA slots, by name (decode_plan.h's PlanLayout)."""
+    return _named(
+        _C.decode_plan_layout(max_units, num_ctas), _C.decode_plan_layout_fields()
+    )
+
+
 def decode_plan_size(max_units: int, num_ctas: int) -> int:
-    """int32 elements of a plan for up to ``max_units`` (batch x KV heads)
-    units and ``num_ctas`` CTA slots (decode_plan.h's PlanLayout, asked of
-    C++: ``decode_plan_layout`` lists the arrays' offsets, then the size).
-    """
-    return int(_C.decode_plan_layout(max_units, num_ctas)[-1])
+    """int32 elements of a plan for up to ``max_units`` units and
+    ``num_ctas`` CTA slots."""
+    return decode_plan_layout(max_units, num_ctas)["size"]
 
 
 def decode_workspace_sizes(
@@ -337,10 +351,13 @@ def decode_workspace_sizes(
     """(plan CTA slots, partial rows) a decode workspace needs for every
     step of up to ``max_batch`` sequences over ``max_kv_tokens`` cached
     tokens, asked of the planner (decode_plan.h ``workspace_sizes``)."""
-    plan_ctas, max_partials = _C.decode_workspace_sizes(
-        int(mode), max_batch, num_kv_heads, max_kv_tokens, num_ctas, split_tiles
+    sizes = _named(
+        _C.decode_workspace_sizes(
+            int(mode), max_batch, num_kv_heads, max_kv_tokens, num_ctas, split_tiles
+        ),
+        _C.decode_workspace_sizes_fields(),
     )
-    return int(plan_ctas), int(max_partials)
+    return sizes["plan_ctas"], sizes["max_partials"]
 
 
 def decode_ctas_per_sm(head_size: int, kv_element_bytes: int) -> int:
@@ -456,16 +473,14 @@ def decode_attention(
 
 def prefill_plan_layout(
     max_tokens: int, max_batch: int, num_q_heads: int, num_kv_heads: int
-) -> tuple[int, ...]:
+) -> dict[str, int]:
     """The prefill plan for up to ``max_tokens`` query tokens in up to
-    ``max_batch`` requests, asked of the planner: ``(max_tiles,
-    request_first_item, tiles, size)``, offsets and size in int32 elements
-    (ops.h)."""
-    return tuple(
-        int(v)
-        for v in _C.prefill_plan_layout(
-            max_tokens, max_batch, num_q_heads, num_kv_heads
-        )
+    ``max_batch`` requests, asked of the planner, by name: its tile capacity
+    (``max_tiles``), the offsets of its arrays (``request_first_item``,
+    ``tiles``) and its ``size``, in int32 elements (prefill_plan.h)."""
+    return _named(
+        _C.prefill_plan_layout(max_tokens, max_batch, num_q_heads, num_kv_heads),
+        _C.prefill_plan_layout_fields(),
     )
 
 

@@ -44,20 +44,22 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
                       double softcap, int64_t window, int64_t query_tokens,
                       int64_t max_units, int64_t num_ctas);
 
-// [header size, unit_granule_offset, unit_num_pieces, unit_first_partial,
-// cta_granule_begin, cta_first_unit, cta_first_item, plan size] of
-// decode::PlanLayout, in int32 elements (cta_first_item: max_ctas
-// descriptors of decode::kItemWords words).
+// The offsets of decode::PlanLayout's arrays and the plan's size, in int32
+// elements (cta_first_item: max_ctas descriptors of decode::kItemWords
+// words); decode_plan_layout_fields names them, in order.
 std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas);
+std::vector<std::string> decode_plan_layout_fields();
 
-// [plan CTA slots, partial rows] of a decode workspace (decode::
+// The plan CTA slots and partial rows of a decode workspace (decode::
 // workspace_sizes): what every step of up to max_batch sequences over a
-// cache of max_kv_tokens tokens needs in the given split mode.
+// cache of max_kv_tokens tokens needs in the given split mode;
+// decode_workspace_sizes_fields names them, in order.
 std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
                                             int64_t num_kv_heads,
                                             int64_t max_kv_tokens,
                                             int64_t ctas_offered,
                                             int64_t split_tiles);
+std::vector<std::string> decode_workspace_sizes_fields();
 
 // Names of the decode plan's header words and of a CTA's first-item
 // descriptor words, in order (decode::PlanHeader, decode::CtaItemField).
@@ -75,13 +77,14 @@ void plan_prefill(const Tensor& query_start_loc, const Tensor& seq_lens,
                   Tensor& plan, int64_t num_q_heads, int64_t num_kv_heads,
                   int64_t max_batch, int64_t max_tiles);
 
-// [max_tiles, request_first_item, tiles, plan size] of a prefill plan for up
-// to max_tokens query tokens in up to max_batch requests
-// (prefill::PlanLayout): the tile capacity, the offsets of the two arrays
-// and the size, in int32 elements.
+// A prefill plan for up to max_tokens query tokens in up to max_batch
+// requests (prefill::PlanLayout): the tile capacity, the offsets of the two
+// arrays and the size, in int32 elements; prefill_plan_layout_fields names
+// them, in order.
 std::vector<int64_t> prefill_plan_layout(int64_t max_tokens, int64_t max_batch,
                                          int64_t num_q_heads,
                                          int64_t num_kv_heads);
+std::vector<std::string> prefill_plan_layout_fields();
 
 // The names of a prefill plan's header fields (prefill::PlanHeader), in
 // order from offset 0.

@@ -29,11 +29,13 @@ STABLE_TORCH_LIBRARY(_hpc_C, m) {
       "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
       "int window, int query_tokens, int max_units, int num_ctas) -> ()");
   m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]");
+  m.def("decode_plan_layout_fields() -> str[]");
   m.def("decode_plan_header_fields() -> str[]");
   m.def("decode_plan_item_fields() -> str[]");
   m.def(
       "decode_workspace_sizes(int mode, int max_batch, int num_kv_heads, "
       "int max_kv_tokens, int ctas_offered, int split_tiles) -> int[]");
+  m.def("decode_workspace_sizes_fields() -> str[]");
   m.def("decode_ctas_per_sm(int head_size, int kv_elem_bytes) -> int");
   m.def(
       "plan_prefill(Tensor query_start_loc, Tensor seq_lens, Tensor(a!) plan, "
@@ -41,6 +43,7 @@ STABLE_TORCH_LIBRARY(_hpc_C, m) {
   m.def(
       "prefill_plan_layout(int max_tokens, int max_batch, int num_q_heads, "
       "int num_kv_heads) -> int[]");
+  m.def("prefill_plan_layout_fields() -> str[]");
   m.def("prefill_plan_header_fields() -> str[]");
   m.def(
       "prefill_attention(Tensor q, Tensor key_cache, Tensor value_cache, "
@@ -83,12 +86,18 @@ STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CPU, m) {
 // CompositeExplicitAutograd serves them for every backend.
 STABLE_TORCH_LIBRARY_IMPL(_hpc_C, CompositeExplicitAutograd, m) {
   m.impl("decode_plan_layout", TORCH_BOX(&hpc::decode_plan_layout));
+  m.impl("decode_plan_layout_fields",
+         TORCH_BOX(&hpc::decode_plan_layout_fields));
   m.impl("decode_plan_header_fields",
          TORCH_BOX(&hpc::decode_plan_header_fields));
   m.impl("decode_plan_item_fields", TORCH_BOX(&hpc::decode_plan_item_fields));
   m.impl("decode_workspace_sizes", TORCH_BOX(&hpc::decode_workspace_sizes));
+  m.impl("decode_workspace_sizes_fields",
+         TORCH_BOX(&hpc::decode_workspace_sizes_fields));
   m.impl("decode_ctas_per_sm", TORCH_BOX(&hpc::decode_ctas_per_sm));
   m.impl("prefill_plan_layout", TORCH_BOX(&hpc::prefill_plan_layout));
+  m.impl("prefill_plan_layout_fields",
+         TORCH_BOX(&hpc::prefill_plan_layout_fields));
   m.impl("prefill_plan_header_fields",
          TORCH_BOX(&hpc::prefill_plan_header_fields));
   m.impl("moe_tiling", TORCH_BOX(&hpc::moe_tiling));

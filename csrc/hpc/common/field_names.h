@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,6 +31,26 @@ std::vector<std::string> field_names(const FieldName<Field> (&names)[N]) {
   std::vector<std::string> out;
   out.reserve(N);
   for (const auto& field : names) out.emplace_back(field.second);
+  return out;
+}
+
+// A list of named values computed together (a layout's offsets, a
+// tiling): an adapter returns the values and a *_fields op the names, both
+// from one function that lists the pairs, so their orders cannot drift.
+using NamedValue = std::pair<const char*, int64_t>;
+
+inline std::vector<int64_t> values_of(const std::vector<NamedValue>& entries) {
+  std::vector<int64_t> out;
+  out.reserve(entries.size());
+  for (const auto& entry : entries) out.push_back(entry.second);
+  return out;
+}
+
+inline std::vector<std::string> names_of(
+    const std::vector<NamedValue>& entries) {
+  std::vector<std::string> out;
+  out.reserve(entries.size());
+  for (const auto& entry : entries) out.emplace_back(entry.first);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/device_info.h"
+#include "common/field_names.h"
 #include "common/stable_tensor.h"
 #include "moe/moe.h"
 #include "moe/moe_tiling.h"
@@ -50,8 +51,7 @@ namespace {
 
 // The tiling's fields by name, written once: moe_tiling returns the values
 // and moe_tiling_fields the names, in this order.
-std::vector<std::pair<const char*, int64_t>> tiling_fields(
-    const moe::MoeTiling& t) {
+std::vector<NamedValue> tiling_fields(const moe::MoeTiling& t) {
   return {{"token_tile", t.token_tile},
           {"max_tiles", t.max_tiles},
           {"gate_up_blocks", t.gate_up_blocks},
@@ -77,17 +77,11 @@ std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
       static_cast<int>(num_local_experts), static_cast<int>(num_experts),
       static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
       static_cast<int>(num_sms), block_wise);
-  std::vector<int64_t> values;
-  for (const auto& field : tiling_fields(t)) values.push_back(field.second);
-  return values;
+  return values_of(tiling_fields(t));
 }
 
 std::vector<std::string> moe_tiling_fields() {
-  std::vector<std::string> names;
-  for (const auto& field : tiling_fields(moe::MoeTiling{})) {
-    names.emplace_back(field.first);
-  }
-  return names;
+  return names_of(tiling_fields(moe::MoeTiling{}));
 }
 
 void fused_moe_fp8(const Tensor& hidden_states,

@@ -609,9 +609,20 @@ def decode_plan_of(plan: torch.Tensor, max_units: int, max_ctas: int) -> DecodeP
     """The plan in buffer ``plan`` (laid out for ``max_units`` units and
     ``max_ctas`` CTA slots), copied to the host (synchronises). The arrays'
     offsets come from the library (``decode_plan_layout``)."""
+    from vllm import _hpc_ops as ops
+
     plan = plan.cpu()
-    header_size, o_offset, o_pieces, o_partial, o_begin, o_first, o_item, _ = (
-        int(v) for v in torch.ops._hpc_C.decode_plan_layout(max_units, max_ctas)
+    layout = ops.decode_plan_layout(max_units, max_ctas)
+    header_size = layout["header"]
+    o_offset, o_pieces, o_partial = (
+        layout["unit_granule_offset"],
+        layout["unit_num_pieces"],
+        layout["unit_first_partial"],
+    )
+    o_begin, o_first, o_item = (
+        layout["cta_granule_begin"],
+        layout["cta_first_unit"],
+        layout["cta_first_item"],
     )
     words = len(decode_item_fields())
     names = list(torch.ops._hpc_C.decode_plan_header_fields())

@@ -406,15 +406,15 @@ def read_prefill_plan(workspace) -> PrefillPlan:
     plan = workspace.plan_buffer.cpu()
     names = list(torch.ops._hpc_C.prefill_plan_header_fields())
     header = dict(zip(names, map(int, plan[: len(names)].tolist()), strict=True))
-    _, first, at, _ = (
-        int(v)
-        for v in torch.ops._hpc_C.prefill_plan_layout(
-            workspace.max_tokens,
-            workspace.max_batch,
-            workspace.num_q_heads,
-            workspace.num_kv_heads,
-        )
+    from vllm import _hpc_ops as ops
+
+    layout = ops.prefill_plan_layout(
+        workspace.max_tokens,
+        workspace.max_batch,
+        workspace.num_q_heads,
+        workspace.num_kv_heads,
     )
+    first, at = layout["request_first_item"], layout["tiles"]
     # A tile is (request, m_block << 8 | kv_head) (prefill_plan.h pack_tile).
     packed = plan[at : at + 2 * header["num_tiles"]].view(-1, 2)
     tiles = torch.stack((packed[:, 0], packed[:, 1] >> 8, packed[:, 1] & 0xFF), dim=1)

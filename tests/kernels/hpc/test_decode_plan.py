@@ -586,10 +586,21 @@ def test_plan_layout_keeps_offsets_and_aligns_descriptors() -> None:
     """The descriptors come after every other array, each on a 32-byte
     boundary, and end the plan."""
     for max_units, max_ctas in ((1, 1), (6, 16), (37, 132), (512, 8192)):
-        layout = [
-            int(v) for v in torch.ops._hpc_C.decode_plan_layout(max_units, max_ctas)
-        ]
-        header, offset, pieces, partial, begin, first, item, size = layout
+        layout = hpc_ops.decode_plan_layout(max_units, max_ctas)
+        assert list(layout) == list(torch.ops._hpc_C.decode_plan_layout_fields())
+        header, offset, pieces, partial, begin, first, item, size = (
+            layout[name]
+            for name in (
+                "header",
+                "unit_granule_offset",
+                "unit_num_pieces",
+                "unit_first_partial",
+                "cta_granule_begin",
+                "cta_first_unit",
+                "cta_first_item",
+                "size",
+            )
+        )
         assert (header, offset) == (8, 8)
         assert pieces == offset + max_units + 1
         assert partial == pieces + max_units

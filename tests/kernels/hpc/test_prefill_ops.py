@@ -640,8 +640,10 @@ def test_plan_layout_and_capacity() -> None:
     for group, (hq, hkv) in GQA.items():
         t = tokens_per_tile(group)
         max_tokens, max_batch = 1000, 9
-        max_tiles, first, tiles, size = torch.ops._hpc_C.prefill_plan_layout(
-            max_tokens, max_batch, hq, hkv
+        layout = hpc_ops.prefill_plan_layout(max_tokens, max_batch, hq, hkv)
+        max_tiles, first, tiles, size = (
+            layout[name]
+            for name in ("max_tiles", "request_first_item", "tiles", "size")
         )
         assert (first, tiles) == (8, 8 + max_batch + 1)
         assert size == tiles + 2 * max_tiles
@@ -666,7 +668,7 @@ def test_plan_header_fields_match_the_reader() -> None:
     assert names == [
         f.name for f in dataclasses.fields(PrefillPlan) if f.name not in arrays
     ]
-    first = torch.ops._hpc_C.prefill_plan_layout(64, 4, 16, 2)[1]
+    first = hpc_ops.prefill_plan_layout(64, 4, 16, 2)["request_first_item"]
     assert len(names) <= first
 
 

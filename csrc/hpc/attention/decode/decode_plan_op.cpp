@@ -39,6 +39,24 @@ constexpr FieldName<decode::CtaItemField> kItemNames[] = {
 static_assert(names_every_field(kItemNames, decode::kItemWords),
               "kItemNames must name every CtaItemField, in order");
 
+// decode_plan_layout's offsets and size by name, written once: the values
+// and the names (decode_plan_layout_fields) come from this list.
+std::vector<NamedValue> layout_entries(const decode::PlanLayout& layout) {
+  return {{"header", decode::kHeaderSize},
+          {"unit_granule_offset", layout.unit_granule_offset()},
+          {"unit_num_pieces", layout.unit_num_pieces()},
+          {"unit_first_partial", layout.unit_first_partial()},
+          {"cta_granule_begin", layout.cta_granule_begin()},
+          {"cta_first_unit", layout.cta_first_unit()},
+          {"cta_first_item", layout.cta_first_item()},
+          {"size", layout.size()}};
+}
+
+// decode_workspace_sizes' values by name.
+std::vector<NamedValue> size_entries(const decode::WorkspaceSizes& sizes) {
+  return {{"plan_ctas", sizes.plan_ctas}, {"max_partials", sizes.max_partials}};
+}
+
 }  // namespace
 
 void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
@@ -91,12 +109,12 @@ void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
 std::vector<int64_t> decode_plan_layout(int64_t max_units, int64_t max_ctas) {
   STD_TORCH_CHECK(max_units >= 0 && max_ctas >= 0,
                   "decode_plan_layout: max_units and max_ctas must be >= 0");
-  const decode::PlanLayout layout{static_cast<int>(max_units),
-                                  static_cast<int>(max_ctas)};
-  return {decode::kHeaderSize,        layout.unit_granule_offset(),
-          layout.unit_num_pieces(),   layout.unit_first_partial(),
-          layout.cta_granule_begin(), layout.cta_first_unit(),
-          layout.cta_first_item(),    layout.size()};
+  return values_of(layout_entries(decode::PlanLayout{
+      static_cast<int>(max_units), static_cast<int>(max_ctas)}));
+}
+
+std::vector<std::string> decode_plan_layout_fields() {
+  return names_of(layout_entries(decode::PlanLayout{0, 0}));
 }
 
 std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
@@ -114,10 +132,13 @@ std::vector<int64_t> decode_workspace_sizes(int64_t mode, int64_t max_batch,
                                          decode::SplitMode::kBatchInvariant,
                   "decode_workspace_sizes: the batch-invariant mode needs "
                   "split_tiles > 0");
-  const decode::WorkspaceSizes sizes = decode::workspace_sizes(
+  return values_of(size_entries(decode::workspace_sizes(
       static_cast<decode::SplitMode>(mode), max_batch, num_kv_heads,
-      max_kv_tokens, ctas_offered, split_tiles);
-  return {sizes.plan_ctas, sizes.max_partials};
+      max_kv_tokens, ctas_offered, split_tiles)));
+}
+
+std::vector<std::string> decode_workspace_sizes_fields() {
+  return names_of(size_entries(decode::WorkspaceSizes{}));
 }
 
 std::vector<std::string> decode_plan_header_fields() {

@@ -36,6 +36,16 @@ constexpr FieldName<prefill::PlanHeader> kHeaderNames[] = {
 static_assert(names_every_field(kHeaderNames, prefill::kHeaderFields),
               "kHeaderNames must name every PlanHeader field, in order");
 
+// prefill_plan_layout's tile capacity, offsets and size by name, written
+// once: the values and the names (prefill_plan_layout_fields) come from here.
+std::vector<NamedValue> layout_entries(int64_t max_tiles,
+                                       const prefill::PlanLayout& layout) {
+  return {{"max_tiles", max_tiles},
+          {"request_first_item", layout.request_first_item()},
+          {"tiles", layout.tiles()},
+          {"size", layout.size()}};
+}
+
 void check_heads(int64_t num_q_heads, int64_t num_kv_heads) {
   STD_TORCH_CHECK(num_kv_heads >= 1 && num_kv_heads <= kMaxKvHeads,
                   "prefill: num_kv_heads must be in 1..", kMaxKvHeads, ", got ",
@@ -119,10 +129,13 @@ std::vector<int64_t> prefill_plan_layout(int64_t max_tokens, int64_t max_batch,
                               static_cast<int>(num_kv_heads));
   STD_TORCH_CHECK(max_tiles <= kIntMax, "prefill_plan_layout: ", max_tiles,
                   " tiles do not fit an int32 plan");
-  const prefill::PlanLayout layout{static_cast<int>(max_batch),
-                                   static_cast<int>(max_tiles)};
-  return {max_tiles, layout.request_first_item(), layout.tiles(),
-          layout.size()};
+  return values_of(layout_entries(
+      max_tiles, prefill::PlanLayout{static_cast<int>(max_batch),
+                                     static_cast<int>(max_tiles)}));
+}
+
+std::vector<std::string> prefill_plan_layout_fields() {
+  return names_of(layout_entries(0, prefill::PlanLayout{0, 0}));
 }
 
 std::vector<std::string> prefill_plan_header_fields() {

@@ -199,10 +199,9 @@ class PrefillWorkspace:
         layout = ops.prefill_plan_layout(
             max_tokens, max_batch, num_q_heads, num_kv_heads
         )
-        # [max_tiles, request_first_item, tiles, size] (ops.h).
-        max_tiles, size = layout[0], layout[-1]
+        max_tiles = layout["max_tiles"]
         return cls(
-            plan_buffer=torch.zeros(size, dtype=torch.int32, device=device),
+            plan_buffer=torch.zeros(layout["size"], dtype=torch.int32, device=device),
             max_tokens=max_tokens,
             max_batch=max_batch,
             num_q_heads=num_q_heads,
