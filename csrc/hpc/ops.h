@@ -32,7 +32,8 @@ void plan_decode(const Tensor& kv_lens, Tensor& plan, int64_t num_kv_heads,
                  int64_t split_tiles, int64_t group, int64_t kv_elem_bytes);
 
 // Split-KV paged decode attention following a plan written by plan_decode
-// (pieces of a split sequence are merged by the CTA that finishes last).
+// (pieces of a split sequence are merged by the CTA that finishes last);
+// the sliding window is the plan's.
 void decode_attention(const Tensor& q, const Tensor& key_cache,
                       const Tensor& value_cache, const Tensor& block_table,
                       const Tensor& kv_lens, const Tensor& plan, Tensor& out,
@@ -41,8 +42,8 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
                       const std::optional<Tensor>& q_scale,
                       const std::optional<Tensor>& k_scale,
                       const std::optional<Tensor>& v_scale, double scale,
-                      double softcap, int64_t window, int64_t query_tokens,
-                      int64_t max_units, int64_t num_ctas);
+                      double softcap, int64_t query_tokens, int64_t max_units,
+                      int64_t num_ctas);
 
 // The offsets of decode::PlanLayout's arrays and the plan's size, in int32
 // elements (cta_first_item: max_ctas descriptors of decode::kItemWords

@@ -27,7 +27,7 @@ STABLE_TORCH_LIBRARY(_hpc_C, m) {
       "Tensor(b!) partial_out, Tensor(c!) partial_lse, "
       "Tensor(d!) piece_counters, Tensor? q_scale, "
       "Tensor? k_scale, Tensor? v_scale, float scale, float softcap, "
-      "int window, int query_tokens, int max_units, int num_ctas) -> ()");
+      "int query_tokens, int max_units, int num_ctas) -> ()");
   m.def("decode_plan_layout(int max_units, int max_ctas) -> int[]");
   m.def("decode_plan_layout_fields() -> str[]");
   m.def("decode_plan_header_fields() -> str[]");

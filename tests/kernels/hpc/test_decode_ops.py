@@ -296,7 +296,6 @@ def test_decode_fake_implementation() -> None:
             None,
             D**-0.5,
             0.0,
-            0,
             1,
             BATCH * HKV,
             8,

@@ -176,12 +176,14 @@ __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
 // Runs a warpgroup's tiles of `item` (the CTA's tiles it0, it0 + 1, ...;
 // taking turns, the warpgroup's parity only); accumulates into `acc_o`
 // (cleared by the caller) and `softmax` (reset by the caller). `parity`
-// carries the softmax scratch half from call to call.
+// carries the softmax scratch half from call to call. `window`: the plan's
+// sliding window (0: none).
 template <class Config, class FragO>
-__device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
-                         const ConsumerGroup& g, uint8_t* smem,
-                         DecodeBarriers<Config>& bar, FragO& acc_o,
-                         typename Config::Softmax& softmax, int& parity) {
+__device__ void mma_item(const DecodeParams& p, const WorkItem& item,
+                         int window, int it0, const ConsumerGroup& g,
+                         uint8_t* smem, DecodeBarriers<Config>& bar,
+                         FragO& acc_o, typename Config::Softmax& softmax,
+                         int& parity) {
   using namespace cute;
   using Element = typename Config::Element;
   constexpr int kSlots = Config::kWgRows / 4;
@@ -229,7 +231,7 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
       attention::query_position(item.kv_len, p.query_tokens, 0),
       attention::query_position(item.kv_len, p.query_tokens,
                                 p.query_tokens - 1),
-      item.kv_len, p.window, Config::kTileKeys);
+      item.kv_len, window, Config::kTileKeys);
   const bool softcap = p.softcap > 0.f;
 
   int it = it0;
@@ -269,7 +271,7 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item, int it0,
         if (!interior) {
           const int key = tile * Config::kTileKeys + 16 * warp + lane / 4 +
                           8 * attention::row_half_of(i);
-          x = attention::key_visible(key, cols.pos[s], item.kv_len, p.window)
+          x = attention::key_visible(key, cols.pos[s], item.kv_len, window)
                   ? x
                   : -INFINITY;
         }

@@ -22,8 +22,8 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
                       const std::optional<Tensor>& q_scale,
                       const std::optional<Tensor>& k_scale,
                       const std::optional<Tensor>& v_scale, double scale,
-                      double softcap, int64_t window, int64_t query_tokens,
-                      int64_t max_units, int64_t num_ctas) {
+                      double softcap, int64_t query_tokens, int64_t max_units,
+                      int64_t num_ctas) {
   STD_TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, kOp,
                   ": q must be a 3-dim CUDA tensor, contiguous in its last "
                   "dim");
@@ -109,7 +109,6 @@ void decode_attention(const Tensor& q, const Tensor& key_cache,
   p.k_scale = optional_scale(k_scale, q.device(), kOp, "k_scale");
   p.v_scale = optional_scale(v_scale, q.device(), kOp, "v_scale");
   p.softcap = static_cast<float>(softcap);
-  p.window = static_cast<int>(window);
   if (batch == 0) return;
 
   decode::decode_attention(p, head_dim, elem_type_of(key_cache, kOp),

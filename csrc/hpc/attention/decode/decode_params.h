@@ -53,7 +53,8 @@ struct DecodeParams {
   const float* k_scale;  // FP8 KV: per-tensor scales (device scalars)
   const float* v_scale;
   float softcap;  // 0: none
-  int window;     // 0: none
+  // The sliding window is the plan's (plan[kWindow]): it is stated once, by
+  // the planner that cut the tiles it leaves out.
 };
 
 }  // namespace decode

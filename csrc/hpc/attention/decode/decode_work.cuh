@@ -30,8 +30,8 @@ class WorkCursor {
       return false;
     }
     const ItemSource source{
-        p_.plan,   p_.layout, p_.kv_lens,   p_.batch, p_.query_tokens,
-        p_.window, mode_,     split_tiles_, total_,   num_ctas_};
+        p_.plan, p_.layout, p_.kv_lens,   p_.batch, p_.query_tokens,
+        window_, mode_,     split_tiles_, total_,   num_ctas_};
     x_ = resolve_item(source, cta_, x_, end_, unit_, item);
     return true;
   }
@@ -67,6 +67,7 @@ class WorkCursor {
     num_ctas_ = p_.plan[kNumCtas];
     mode_ = static_cast<SplitMode>(p_.plan[kMode]);
     split_tiles_ = p_.plan[kSplitTiles];
+    window_ = p_.plan[kWindow];
     const int32_t* begin = p_.plan + p_.layout.cta_granule_begin();
     x_ = begin[cta_];
     end_ = begin[cta_ + 1];
@@ -85,6 +86,7 @@ class WorkCursor {
   int num_ctas_ = 0;
   SplitMode mode_ = SplitMode::kBalanced;
   int split_tiles_ = 0;
+  int window_ = 0;
   int x_ = 0;
   int end_ = 0;
   int unit_ = 0;
