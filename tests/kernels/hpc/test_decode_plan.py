@@ -278,6 +278,25 @@ def check_plan(
     check_first_items(plan, lens, fixed_split_len, mode, window, query_tokens)
 
 
+def planned_and_checked(
+    lens: list[int],
+    num_kv_heads: int,
+    num_ctas: int,
+    min_split_len: int,
+    fixed_split_len: int = 0,
+    **shape: int,
+) -> DecodePlan:
+    """The host plan of ``lens``, after check_plan has checked it (``shape``:
+    window, query_tokens, group, kv_element_bytes)."""
+    plan = plan_of(
+        lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len, **shape
+    )
+    check_plan(
+        plan, lens, num_kv_heads, num_ctas, min_split_len, fixed_split_len, **shape
+    )
+    return plan
+
+
 # The descriptor of a CTA slot without work.
 IDLE_ITEM = {
     "unit": -1,
@@ -377,21 +396,10 @@ def test_plan_properties(
     window: int,
     query_tokens: int,
 ) -> None:
-    num_ctas = 132
-    plan = plan_of(
+    planned_and_checked(
         lens,
         num_kv_heads,
-        num_ctas,
-        min_split_len,
-        fixed_split_len,
-        window=window,
-        query_tokens=query_tokens,
-    )
-    check_plan(
-        plan,
-        lens,
-        num_kv_heads,
-        num_ctas,
+        132,
         min_split_len,
         fixed_split_len,
         window=window,
@@ -410,17 +418,7 @@ def test_plan_properties_random(seed: int) -> None:
     fixed_split_len = rng.choice([0, 0, TILE * rng.choice([1, 8, 16])])
     query_tokens = rng.choice([1, 1, 2, 4])
     shape = dict(group=rng.choice([1, 4, 8, 16]), kv_element_bytes=rng.choice([1, 2]))
-    plan = plan_of(
-        lens,
-        num_kv_heads,
-        num_ctas,
-        min_split_len,
-        fixed_split_len,
-        query_tokens=query_tokens,
-        **shape,
-    )
-    check_plan(
-        plan,
+    planned_and_checked(
         lens,
         num_kv_heads,
         num_ctas,
@@ -509,26 +507,16 @@ def test_merge_bounds_the_pieces_of_long_units(
 ) -> None:
     """Units with many query rows are cut into fewer, longer pieces: the CTA
     that merges a unit reads all of its pieces alone."""
-    plan = plan_of(
+    plan = planned_and_checked(
         lens,
-        num_ctas=132,
-        min_split_len=256,
+        1,
+        132,
+        256,
         query_tokens=query_tokens,
         group=group,
         kv_element_bytes=kv_element_bytes,
     )
     assert plan.num_ctas == ctas
-    check_plan(
-        plan,
-        lens,
-        1,
-        132,
-        256,
-        0,
-        query_tokens=query_tokens,
-        group=group,
-        kv_element_bytes=kv_element_bytes,
-    )
 
 
 @pytest.mark.parametrize(
@@ -551,7 +539,7 @@ def test_balanced_plans_align_to_units_when_whole_pieces_fit(
 ) -> None:
     """One work item per CTA where pieces of nearly the balanced length fit
     every unit into the balanced plan's CTAs."""
-    plan = plan_of(lens, num_ctas=132, min_split_len=256)
+    plan = planned_and_checked(lens, 1, 132, 256)
     assert plan.num_ctas == ctas
     if aligned_tiles:
         assert plan.mode == SplitMode.BATCH_INVARIANT
@@ -559,7 +547,6 @@ def test_balanced_plans_align_to_units_when_whole_pieces_fit(
         assert all(len(pieces) == 1 for pieces in walk(plan))
     else:
         assert plan.mode == SplitMode.BALANCED
-    check_plan(plan, lens, 1, 132, 256, 0)
 
 
 @pytest.mark.parametrize("seed", range(5))
