@@ -22,8 +22,9 @@ PlanArgs step_cut(const int32_t* kv_lens, const PlanArgs& request) {
   int64_t total = 0;
   int max_unit_tiles = 0;
   for (int u = 0; u < num_units; ++u) {
-    total += tiles_of(u);
-    if (tiles_of(u) > max_unit_tiles) max_unit_tiles = tiles_of(u);
+    const int tiles = tiles_of(u);
+    total += tiles;
+    if (tiles > max_unit_tiles) max_unit_tiles = tiles;
   }
   const int ctas = ctas_used(total, request.ctas_offered,
                              balanced_min_tiles(request, max_unit_tiles),
