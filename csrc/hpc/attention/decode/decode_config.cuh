@@ -16,9 +16,10 @@
 //                   order prob_key_of_position gives, which P^T follows.
 // FP8 caches: Q is E4M3 (the queries' own, or 16-bit queries quantized per
 // row by the consumers when they load them), P is E4M3 scaled by 2^8.
-// Two consumer warpgroups: up to 32 rows they take a work item's tiles in
+// Two consumer warpgroups: up to 16 rows they take a work item's tiles in
 // turn (even and odd tiles of the CTA's sequence) and merge their states
-// at the item's end; 64 rows are split, 32 per warpgroup, over every tile.
+// at the item's end; 32 and 64 rows are split, half per warpgroup, over
+// every tile (no merge buffer, so the rings are deeper).
 #pragma once
 
 #include <type_traits>
@@ -53,9 +54,9 @@ struct DecodeConfig {
   static_assert(kRows <= limits::kMaxDecodeRows);
   static_assert(kHeadDim % 64 == 0);
 
-  // 64 rows: each warpgroup takes 32 of every tile. Fewer: the warpgroups
-  // take whole tiles in turn, each with all rows.
-  static constexpr bool kSplitRows = kRows > 32;
+  // 32 or 64 rows: each warpgroup takes half of every tile. Fewer: the
+  // warpgroups take whole tiles in turn, each with all rows.
+  static constexpr bool kSplitRows = kRows > 16;
   static constexpr int kWgRows = kSplitRows ? kRows / 2 : kRows;
   static constexpr int kQParts = kSplitRows ? 2 : 1;
   // Warps that release a K or V stage.
