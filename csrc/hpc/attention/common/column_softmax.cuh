@@ -11,10 +11,14 @@
 // of a column's sum until the end, where the same two steps add the shares.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 
@@ -154,6 +158,57 @@ __device__ __forceinline__ void scale_columns(Frag& acc,
 #pragma unroll
   for (int i = 0; i < int(cute::size(acc)); ++i) {
     acc(i) *= f[column_slot_of(i % (2 * kSlots))];
+  }
+}
+
+// Writes a warp's probabilities of a transposed score tile (keys x kCols
+// columns, its 16 keys of the m64nN accumulator) as 16-bit P^T rows
+// (column, key) into shared memory. A thread holds two adjacent columns of
+// a key in one register, which is the row fragment stmatrix takes; with
+// .trans each 8 x 8 block lands transposed, one register per block instead
+// of one store per value. `row_address(column, key)` is the shared address
+// of P^T element (column, key), key a multiple of 8 (8 keys are one 16-byte
+// chunk of a row under the 128-byte swizzle).
+template <class Element, int kCols, class Frag, class RowAddress>
+__device__ __forceinline__ void store_probs_transposed(const Frag& p, int warp,
+                                                       int lane,
+                                                       RowAddress row_address) {
+  static_assert(kCols == 8 || kCols % 16 == 0);
+  constexpr int kMatrices = 2 * (kCols / 8);  // (8-column block, key half)
+  // Matrix m = 2 block + half: values 4 block + 2 half and the next.
+  const auto packed = [&](int m) {
+    const float a = p(4 * (m / 2) + 2 * (m % 2));
+    const float b = p(4 * (m / 2) + 2 * (m % 2) + 1);
+    uint32_t bits;
+    if constexpr (std::is_same_v<Element, cute::bfloat16_t>) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+      bits = *reinterpret_cast<uint32_t*>(&v);
+    } else {
+      __half2 v = __floats2half2_rn(a, b);
+      bits = *reinterpret_cast<uint32_t*>(&v);
+    }
+    return bits;
+  };
+  // Lane l gives the address of row l % 8 of matrix l / 8 of each group.
+  const auto address = [&](int m) {
+    return row_address(8 * (m / 2) + lane % 8, 16 * warp + 8 * (m % 2));
+  };
+  if constexpr (kMatrices == 2) {
+    asm volatile(
+        "stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::
+            "r"(address(lane / 8 % 2)),
+        "r"(packed(0)), "r"(packed(1))
+        : "memory");
+  } else {
+#pragma unroll
+    for (int g = 0; g < kMatrices; g += 4) {
+      asm volatile(
+          "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, "
+          "%4};\n" ::"r"(address(g + lane / 8)),
+          "r"(packed(g)), "r"(packed(g + 1)), "r"(packed(g + 2)),
+          "r"(packed(g + 3))
+          : "memory");
+    }
   }
 }
 

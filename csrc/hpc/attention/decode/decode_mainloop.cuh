@@ -286,15 +286,21 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
     for (int s = 0; s < kSlots; ++s) moved |= alpha[s] != 1.f;
     if (__any_sync(0xffffffffu, moved)) attention::scale_columns(acc_o, alpha);
 
-    // P^T, one element per value (its key and column), for the wgmma; FP8:
-    // at the key's k-position in V^T's order.
+    // P^T for the wgmma. 16-bit: 8 x 8 blocks by stmatrix.trans; FP8: one
+    // element per value (its key and column), at the key's k-position in
+    // V^T's order.
+    if constexpr (Config::kFp8) {
 #pragma unroll
-    for (int i = 0; i < size(acc_s); ++i) {
-      int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
-      if constexpr (Config::kFp8) {
+      for (int i = 0; i < size(acc_s); ++i) {
+        int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
         key = (key & ~15) | attention::position_of_prob_key(key & 15);
+        sP(attention::fragment_column(i, lane), key) = Element(acc_s(i));
       }
-      sP(attention::fragment_column(i, lane), key) = Element(acc_s(i));
+    } else {
+      attention::store_probs_transposed<Element, Config::kWgRows>(
+          acc_s, warp, lane, [&](int column, int key) {
+            return cast_smem_ptr_to_uint(&sP(column, key));
+          });
     }
 
     const auto v = RingState<Config::kVStages>::of(it);
