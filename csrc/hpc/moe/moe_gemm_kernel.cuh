@@ -14,6 +14,7 @@
 
 #include "common/cluster.cuh"
 #include "common/pdl.cuh"
+#include "common/shared_memory.cuh"
 #include "moe/moe_gemm.cuh"
 #include "moe/moe_gemm_epilogue.cuh"
 #include "moe/moe_params.h"
@@ -43,8 +44,7 @@ __global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
   constexpr int kTokens = Config::kTokens;
   static_assert(kGemmThreads >= kSlotTilesMaxSlots);  // find_slot_tile()
   extern __shared__ uint8_t gemm_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(gemm_smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = align_shared<1024>(gemm_smem_raw);
   __shared__ uint64_t full[Config::kStages];
   __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];

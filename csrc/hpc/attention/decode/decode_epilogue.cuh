@@ -100,28 +100,39 @@ __device__ void store_item(const DecodeParams& p, const WorkItem& item,
     if (g.wg == 1) return;
   }
 
+  // Per column slot: 1 / sum (times the V scale) and the row's destination,
+  // computed once (the row's token and head take an integer division).
   const float v_scale = p.v_scale ? *p.v_scale : 1.f;
+  const bool split = item.pieces > 1;
   float inv[kSlots];
+  bool live[kSlots];
+  uint16_t* out_row[kSlots];
+  float* partial_row[kSlots];
 #pragma unroll
   for (int s = 0; s < kSlots; ++s) {
-    inv[s] = sum[s] > 0.f ? v_scale / sum[s] : 0.f;
+    inv[s] = sum[s] > 0.f ? __fdividef(v_scale, sum[s]) : 0.f;
+    const int row = g.row0 + attention::column_of_slot(s, lane);
+    live[s] = row < p.rows;
+    if (split) {
+      partial_row[s] = p.partial_out +
+                       (static_cast<int64_t>(item.partial_row) * p.rows + row) *
+                           Config::kHeadDim;
+    } else {
+      out_row[s] = live[s] ? output_row(p, item.unit, row) : nullptr;
+    }
   }
-  const bool split = item.pieces > 1;
 #pragma unroll
   for (int i = 0; i < kValues; ++i) {
     const int v = i % (2 * kSlots);
     const int s = attention::column_slot_of(v);
-    const int row = g.row0 + attention::fragment_column(v, lane);
-    if (row >= p.rows) continue;
+    if (!live[s]) continue;
     const int channel = 64 * (i / (2 * kSlots)) + 16 * warp + lane / 4 +
                         8 * attention::row_half_of(v);
     const float x = acc_o(i) * inv[s];
     if (split) {
-      const int64_t prow =
-          static_cast<int64_t>(item.partial_row) * p.rows + row;
-      p.partial_out[prow * Config::kHeadDim + channel] = x;
+      partial_row[s][channel] = x;
     } else {
-      output_row(p, item.unit, row)[channel] = to_output(x, p.out_type);
+      out_row[s][channel] = to_output(x, p.out_type);
     }
   }
   if (split && warp == 0 && lane < 4) {

@@ -37,6 +37,7 @@
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_work.cuh"
 #include "common/pdl.cuh"
+#include "common/shared_memory.cuh"
 #include "common/sync.cuh"
 
 namespace hpc {
@@ -54,8 +55,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
                   const __grid_constant__ CUtensorMap v_map) {
   using namespace cute;
   extern __shared__ uint8_t decode_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(decode_smem_raw) + 1023) & ~uintptr_t(1023));
+  uint8_t* smem = align_shared<1024>(decode_smem_raw);
   __shared__ DecodeBarriers<Config> bar;
   __shared__ float row_stats[2 * kMaxRows];
   constexpr int kConsumers =

@@ -26,6 +26,7 @@
 #include "attention/decode/decode_load.cuh"
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_work.cuh"
+#include "common/shared_memory.cuh"
 #include "common/sync.cuh"
 
 namespace hpc {
@@ -119,17 +120,30 @@ template <class Config>
 __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
                              uint8_t* smem, int thread) {
   if (!Config::kFp8 || p.q_type == ElemType::kFp8E4m3) {
+    // Every load issued before the first store: one memory latency.
     constexpr int kUnitsPerRow = Config::kHeadDim * Config::kElemBytes / 8;
-    for (int e = thread; e < Config::kRows * kUnitsPerRow;
-         e += kWgmmaConsumerThreads) {
+    constexpr int kUnits = Config::kRows * kUnitsPerRow;
+    constexpr int kPerThread =
+        (kUnits + kWgmmaConsumerThreads - 1) / kWgmmaConsumerThreads;
+    uint2 v[kPerThread];
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int e = thread + j * kWgmmaConsumerThreads;
       const int row = e / kUnitsPerRow;
-      const int unit = e % kUnitsPerRow;
-      uint2 v = make_uint2(0, 0);
-      if (row < p.rows) {
-        v = *reinterpret_cast<const uint2*>(query_row(p, item, row) + 8 * unit);
+      v[j] = make_uint2(0, 0);
+      if (e < kUnits && row < p.rows) {
+        v[j] = *reinterpret_cast<const uint2*>(query_row(p, item, row) +
+                                               8 * (e % kUnitsPerRow));
       }
-      *reinterpret_cast<uint2*>(smem + q_tile_offset<Config>(row, 8 * unit)) =
-          v;
+    }
+#pragma unroll
+    for (int j = 0; j < kPerThread; ++j) {
+      const int e = thread + j * kWgmmaConsumerThreads;
+      if (e < kUnits) {
+        *reinterpret_cast<uint2*>(
+            smem + q_tile_offset<Config>(e / kUnitsPerRow,
+                                         8 * (e % kUnitsPerRow))) = v[j];
+      }
     }
     return;
   }
@@ -294,7 +308,9 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
       for (int i = 0; i < size(acc_s); ++i) {
         int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
         key = (key & ~15) | attention::position_of_prob_key(key & 15);
-        sP(attention::fragment_column(i, lane), key) = Element(acc_s(i));
+        store_shared_byte(cast_smem_ptr_to_uint(
+                              &sP(attention::fragment_column(i, lane), key)),
+                          Element(acc_s(i)).storage);
       }
     } else {
       attention::store_probs_transposed<Element, Config::kWgRows>(

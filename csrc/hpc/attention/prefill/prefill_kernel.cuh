@@ -26,6 +26,7 @@
 #include "attention/prefill/prefill_tile_scheduler.cuh"
 #include "common/paged_cache_view.h"
 #include "common/pdl.cuh"
+#include "common/shared_memory.cuh"
 
 namespace hpc {
 namespace prefill {
@@ -36,9 +37,7 @@ __global__ void __launch_bounds__(kPrefillThreads, 1)
                    const __grid_constant__ PrefillSources src) {
   using namespace cute;
   extern __shared__ uint8_t prefill_smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(prefill_smem_raw) + 1023) &
-      ~uintptr_t(1023));
+  uint8_t* smem = align_shared<1024>(prefill_smem_raw);
   __shared__ typename Config::Barriers bar;
 
   const bool producer = threadIdx.x < kProducerThreads;
