@@ -72,28 +72,6 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
     throw std::invalid_argument("fused_moe_fp8: topk must be in [1, " +
                                 std::to_string(kMaxTopk) + "]");
   }
-  if (p.tiling.gate_up_split < 1 || p.tiling.gate_up_split > kMaxSplit ||
-      (p.tiling.gate_up_split > 1 && p.tiling.token_tile != kMinTokenTile)) {
-    throw std::invalid_argument("fused_moe_fp8: split-K tiling out of range");
-  }
-  if (p.tiling.gate_up_group < 1 ||
-      (p.tiling.gate_up_group > 1 && p.tiling.gate_up_split > 1)) {
-    throw std::invalid_argument("fused_moe_fp8: gate-up grouping out of range");
-  }
-  if (!gemm_ctas_per_sm_supported(p.tiling.token_tile,
-                                  p.tiling.gate_up_ctas_per_sm) ||
-      !gemm_ctas_per_sm_supported(p.tiling.token_tile,
-                                  p.tiling.down_ctas_per_sm)) {
-    throw std::invalid_argument("fused_moe_fp8: GEMM CTAs per SM out of range");
-  }
-  if (p.block_wise && p.tiling.token_tile > kMaxBlockWiseTokenTile) {
-    throw std::invalid_argument(
-        "fused_moe_fp8: token tile too wide for block-wise scaling");
-  }
-  if (p.tiling.slot_tiles &&
-      int64_t(p.num_tokens) * p.topk > kSlotTilesMaxSlots) {
-    throw std::invalid_argument("fused_moe_fp8: slot tiles out of range");
-  }
   if (p.tiling.decode) {
     launch_decode(p, stream);
     return;

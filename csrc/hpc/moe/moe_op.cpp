@@ -1,6 +1,9 @@
 // Stable-ABI adapter of the fused FP8 MoE pipeline. The argument checks a
 // caller may run are vllm/_hpc_ops_validation.py's (the hot path skips them);
 // the checks here guard the kernels' invariants.
+#include <compare>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,18 +69,41 @@ std::vector<NamedValue> tiling_fields(const moe::MoeTiling& t) {
           {"evict_first_weights", t.evict_first_weights}};
 }
 
+// What a call's tiling depends on.
+struct TilingShape {
+  int num_tokens, topk, num_local_experts, num_experts, hidden, inter, num_sms;
+  bool block_wise;
+  auto operator<=>(const TilingShape&) const = default;
+};
+
+// The tiling of a call shape, computed and checked on the shape's first
+// call: the MoE layers of a step share their token count, so the layers
+// after the first look it up.
+moe::MoeTiling tiling_for(const TilingShape& s) {
+  static std::mutex mutex;
+  static std::map<TilingShape, moe::MoeTiling> tilings;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = tilings.find(s);
+  if (found != tilings.end()) return found->second;
+  const moe::MoeTiling t =
+      moe::moe_tiling(s.num_tokens, s.topk, s.num_local_experts, s.num_experts,
+                      s.hidden, s.inter, s.num_sms, s.block_wise);
+  const char* error = moe::tiling_error(t, s.num_tokens, s.topk, s.block_wise);
+  STD_TORCH_CHECK(error == nullptr, kOp, ": ", error);
+  return tilings.emplace(s, t).first->second;
+}
+
 }  // namespace
 
 std::vector<int64_t> moe_tiling(int64_t num_tokens, int64_t topk,
                                 int64_t num_local_experts, int64_t num_experts,
                                 int64_t hidden_size, int64_t intermediate_size,
                                 int64_t num_sms, bool block_wise) {
-  const moe::MoeTiling t = moe::moe_tiling(
-      static_cast<int>(num_tokens), static_cast<int>(topk),
-      static_cast<int>(num_local_experts), static_cast<int>(num_experts),
-      static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
-      static_cast<int>(num_sms), block_wise);
-  return values_of(tiling_fields(t));
+  return values_of(tiling_fields(tiling_for(
+      {static_cast<int>(num_tokens), static_cast<int>(topk),
+       static_cast<int>(num_local_experts), static_cast<int>(num_experts),
+       static_cast<int>(hidden_size), static_cast<int>(intermediate_size),
+       static_cast<int>(num_sms), block_wise})));
 }
 
 std::vector<std::string> moe_tiling_fields() {
@@ -173,9 +199,10 @@ void fused_moe_fp8(const Tensor& hidden_states,
   STD_TORCH_CHECK(p.out_type != ElemType::kFp8E4m3, kOp,
                   ": out must be bfloat16 or float16");
 
-  p.tiling = moe::moe_tiling(
-      p.num_tokens, p.topk, p.num_experts, static_cast<int>(global_num_experts),
-      p.hidden, p.inter, current_device_info().sm_count, p.block_wise);
+  p.tiling =
+      tiling_for({p.num_tokens, p.topk, p.num_experts,
+                  static_cast<int>(global_num_experts), p.hidden, p.inter,
+                  current_device_info().sm_count, p.block_wise});
   // Offsets for this call's token count fit in a workspace sized for more.
   p.layout = layout_for(p.num_tokens, p.topk, p.num_experts, p.hidden, p.inter);
   STD_TORCH_CHECK(workspace.numel() >= p.layout.bytes(), kOp,

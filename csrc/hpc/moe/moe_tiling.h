@@ -317,5 +317,30 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   return t;
 }
 
+// Why the kernels cannot run tiling `t` for a call of `num_tokens` tokens,
+// or nullptr. moe_tiling() only makes tilings they run; the adapter asks
+// once per call shape, before it hands a tiling to the launch.
+inline const char* tiling_error(const MoeTiling& t, int num_tokens, int topk,
+                                bool block_wise) {
+  if (t.gate_up_split < 1 || t.gate_up_split > kMaxSplit ||
+      (t.gate_up_split > 1 && t.token_tile != kMinTokenTile)) {
+    return "split-K tiling out of range";
+  }
+  if (t.gate_up_group < 1 || (t.gate_up_group > 1 && t.gate_up_split > 1)) {
+    return "gate-up grouping out of range";
+  }
+  if (!gemm_ctas_per_sm_supported(t.token_tile, t.gate_up_ctas_per_sm) ||
+      !gemm_ctas_per_sm_supported(t.token_tile, t.down_ctas_per_sm)) {
+    return "GEMM CTAs per SM out of range";
+  }
+  if (block_wise && t.token_tile > kMaxBlockWiseTokenTile) {
+    return "token tile too wide for block-wise scaling";
+  }
+  if (t.slot_tiles && int64_t(num_tokens) * topk > kSlotTilesMaxSlots) {
+    return "slot tiles out of range";
+  }
+  return nullptr;
+}
+
 }  // namespace moe
 }  // namespace hpc
