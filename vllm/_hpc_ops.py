@@ -725,7 +725,7 @@ def moe_tiling(
     )
     # By name, as C++ lists them: a field added there fails here loudly
     # instead of shifting the others.
-    fields = dict(zip(_C.moe_tiling_fields(), values, strict=True))
+    fields = _named(values, _C.moe_tiling_fields())
     flags = {f.name for f in dataclasses.fields(MoeTiling) if f.type == "bool"}
     kwargs: dict[str, Any] = {
         name: bool(v) if name in flags else int(v) for name, v in fields.items()

@@ -11,18 +11,16 @@
 // of a column's sum until the end, where the same two steps add the shares.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include <cute/tensor.hpp>
 
 #include "attention/common/online_softmax.cuh"
+#include "attention/common/packed_pair.cuh"
 #include "common/sync.cuh"
 
 namespace hpc {
@@ -177,17 +175,8 @@ __device__ __forceinline__ void store_probs_transposed(const Frag& p, int warp,
   constexpr int kMatrices = 2 * (kCols / 8);  // (8-column block, key half)
   // Matrix m = 2 block + half: values 4 block + 2 half and the next.
   const auto packed = [&](int m) {
-    const float a = p(4 * (m / 2) + 2 * (m % 2));
-    const float b = p(4 * (m / 2) + 2 * (m % 2) + 1);
-    uint32_t bits;
-    if constexpr (std::is_same_v<Element, cute::bfloat16_t>) {
-      __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-      bits = *reinterpret_cast<uint32_t*>(&v);
-    } else {
-      __half2 v = __floats2half2_rn(a, b);
-      bits = *reinterpret_cast<uint32_t*>(&v);
-    }
-    return bits;
+    return pack2<Element>(p(4 * (m / 2) + 2 * (m % 2)),
+                          p(4 * (m / 2) + 2 * (m % 2) + 1));
   };
   // Lane l gives the address of row l % 8 of matrix l / 8 of each group.
   const auto address = [&](int m) {

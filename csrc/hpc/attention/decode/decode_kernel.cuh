@@ -101,7 +101,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
       mma_o, Shape<Int<Config::kHeadDim>, Int<Config::kWgRows>>{});
   typename Config::Softmax softmax;
   int parity = 0;
-  const int window = p.plan[kWindow];
   WorkCursor cursor(p, blockIdx.x);
   WorkItem item;
   int it = 0;
@@ -113,7 +112,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
     named_barrier_sync(kConsumers, kWgmmaConsumerThreads);
     clear(acc_o);
     softmax.reset();
-    mma_item<Config>(p, item, window, it, g, smem, bar, acc_o, softmax, parity);
+    mma_item<Config>(p, item, cursor.window(), it, g, smem, bar, acc_o, softmax,
+                     parity);
     store_item<Config>(p, item, g, smem, acc_o, softmax, parity);
     if (item.pieces > 1) {
       combine_if_last<kWgmmaConsumerThreads>(p, item, Config::kHeadDim,

@@ -19,7 +19,12 @@ namespace decode {
 // rest of the plan are read when the second item is asked for.
 class WorkCursor {
  public:
-  __device__ WorkCursor(const DecodeParams& p, int cta) : p_(p), cta_(cta) {}
+  __device__ WorkCursor(const DecodeParams& p, int cta)
+      : p_(p), cta_(cta), window_(p.plan[kWindow]) {}
+
+  // The plan's sliding window (0: none): the planner left out the tiles it
+  // hides, and the consumers mask with it.
+  __device__ int window() const { return window_; }
 
   __device__ bool next(WorkItem& item) {
     if (state_ == State::kFirst) return first(item);
@@ -67,7 +72,6 @@ class WorkCursor {
     num_ctas_ = p_.plan[kNumCtas];
     mode_ = static_cast<SplitMode>(p_.plan[kMode]);
     split_tiles_ = p_.plan[kSplitTiles];
-    window_ = p_.plan[kWindow];
     const int32_t* begin = p_.plan + p_.layout.cta_granule_begin();
     x_ = begin[cta_];
     end_ = begin[cta_ + 1];

@@ -12,6 +12,7 @@
 #include <cute/tensor.hpp>
 
 #include "attention/common/online_softmax.cuh"
+#include "attention/common/packed_pair.cuh"
 #include "attention/prefill/prefill_mainloop.cuh"
 #include "attention/prefill/prefill_params.h"
 
@@ -43,7 +44,8 @@ __device__ void store_tile(const PrefillParams& p, const RowInfo& rows,
     const float x = acc_o(i) * inv_sum[h];
     const float y = acc_o(i + 1) * inv_sum[h];
     *reinterpret_cast<uint32_t*>(row_out[h] + col) =
-        bf16 ? pack2<cute::bfloat16_t>(x, y) : pack2<cute::half_t>(x, y);
+        bf16 ? attention::pack2<cute::bfloat16_t>(x, y)
+             : attention::pack2<cute::half_t>(x, y);
   }
 }
 

@@ -13,11 +13,7 @@
 // in the kernel take their row scales from the staging tile.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
-#include <type_traits>
 
 #include <cutlass/arch/barrier.h>
 #include <cute/tensor.hpp>
@@ -26,6 +22,7 @@
 #include "attention/common/mask.h"
 #include "attention/common/named_barriers.h"
 #include "attention/common/online_softmax.cuh"
+#include "attention/common/packed_pair.cuh"
 #include "attention/common/paged_kv_tma.cuh"
 #include "attention/common/warpgroup.cuh"
 #include "attention/prefill/prefill_config.cuh"
@@ -36,18 +33,6 @@
 
 namespace hpc {
 namespace prefill {
-
-// Two floats as a packed pair of the MMA type (low half first).
-template <class Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Element, cute::bfloat16_t>) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
 
 // Per-row constants of a consumer thread's two rows in the current tile.
 struct RowInfo {
@@ -198,7 +183,7 @@ __device__ void mma_tile(const PrefillParams& p, const TileWork& w,
     } else {
 #pragma unroll
       for (int i = 0; i < size(p2); ++i) {
-        p2(i) = pack2<Element>(acc_s(2 * i), acc_s(2 * i + 1));
+        p2(i) = attention::pack2<Element>(acc_s(2 * i), acc_s(2 * i + 1));
       }
     }
   };
