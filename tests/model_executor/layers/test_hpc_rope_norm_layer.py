@@ -493,46 +493,6 @@ def test_positions_from_metadata():
 
 
 # ---------------------------------------------------------------------------
-# KV-cache views
-# ---------------------------------------------------------------------------
-
-
-def test_split_kv_cache_addresses_upstream_layout():
-    nb, hkv, bs, d = 3, 2, 16, 64
-    kv_cache = torch.zeros(nb, hkv, bs, 2 * d, dtype=torch.bfloat16)
-    key, value = rope_norm.split_kv_cache(kv_cache, d, use_fp8=False)
-    assert key.shape == value.shape == (nb, bs, hkv, d)
-    assert key.untyped_storage().data_ptr() == kv_cache.untyped_storage().data_ptr()
-    assert key.stride(-1) == 1 and value.stride(-1) == 1
-
-    k = torch.randn(hkv, d).to(torch.bfloat16)
-    v = torch.randn(hkv, d).to(torch.bfloat16)
-    key[2, 5] = k
-    value[2, 5] = v
-    for h in range(hkv):
-        assert torch.equal(kv_cache[2, h, 5, :d], k[h])
-        assert torch.equal(kv_cache[2, h, 5, d:], v[h])
-    assert int((kv_cache != 0).sum()) == int((k != 0).sum() + (v != 0).sum())
-
-
-def test_split_kv_cache_fp8_from_uint8():
-    kv_cache = torch.zeros(2, 1, 16, 256, dtype=torch.uint8)
-    key, value = rope_norm.split_kv_cache(kv_cache, 128, use_fp8=True)
-    assert key.dtype == value.dtype == FP8
-    key[1, 3, 0, 0] = 1.0
-    assert kv_cache[1, 0, 3, 0].item() == torch.tensor(1.0).to(FP8).view(torch.uint8)
-
-
-def test_split_kv_cache_rejects_bad_input():
-    with pytest.raises(ValueError, match="shape"):
-        rope_norm.split_kv_cache(torch.zeros(2, 1, 16, 128), 128, use_fp8=False)
-    with pytest.raises(ValueError, match="uint8"):
-        rope_norm.split_kv_cache(
-            torch.zeros(2, 1, 16, 256, dtype=torch.bfloat16), 128, use_fp8=True
-        )
-
-
-# ---------------------------------------------------------------------------
 # Constructor
 # ---------------------------------------------------------------------------
 

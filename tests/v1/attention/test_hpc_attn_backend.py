@@ -492,7 +492,9 @@ def test_kv_cache_views_lbnhc(dtype, num_kv_heads, strides, page):
     assert view.shape == (3, num_kv_heads, 64, 256) and view.dtype == dtype
     assert view.stride() == strides
 
-    key, value = view.transpose(1, 2).split(128, dim=-1)
+    fp8 = dtype == torch.uint8
+    kv = hpc_attn.layer_kv_cache(view, _scaled_layer(), 128, fp8)
+    key, value = kv.key, kv.value
     assert key.shape == value.shape == (3, 64, num_kv_heads, 128)
     assert value.data_ptr() - key.data_ptr() == 128 * view.element_size()
     # The kernels' stride rule: unit stride over D, the others 16-byte
@@ -500,12 +502,59 @@ def test_kv_cache_views_lbnhc(dtype, num_kv_heads, strides, page):
     for t in (key, value):
         assert t.stride(3) == 1
         assert all(s * t.element_size() % 16 == 0 for s in t.stride()[:3])
-    if dtype == torch.uint8:
-        assert key.view(FP8).dtype == FP8
-    # The prologue's view of the same cache is the same view.
-    rk, rv = rope_norm.split_kv_cache(view, 128, use_fp8=dtype == torch.uint8)
-    assert rk.data_ptr() == key.data_ptr() and rk.stride() == key.stride()
-    assert rv.data_ptr() == value.data_ptr() and rv.stride() == value.stride()
+    assert key.dtype == value.dtype == (FP8 if fp8 else dtype)
+    assert (kv.k_scale is not None) == fp8 and (kv.v_scale is not None) == fp8
+
+
+def _scaled_layer(k_scale: float = 0.5, v_scale: float = 0.25) -> Any:
+    """The attributes layer_kv_cache reads of an attention layer."""
+    return types.SimpleNamespace(
+        _k_scale=torch.tensor(k_scale), _v_scale=torch.tensor(v_scale)
+    )
+
+
+def test_layer_kv_cache_addresses_upstream_layout():
+    nb, hkv, bs, d = 3, 2, 16, 64
+    kv_cache = torch.zeros(nb, hkv, bs, 2 * d, dtype=torch.bfloat16)
+    kv = hpc_attn.layer_kv_cache(kv_cache, _scaled_layer(), d, False)
+    key, value = kv.key, kv.value
+    assert key.shape == value.shape == (nb, bs, hkv, d)
+    assert key.untyped_storage().data_ptr() == kv_cache.untyped_storage().data_ptr()
+    assert key.stride(-1) == 1 and value.stride(-1) == 1
+    assert kv.k_scale is None and kv.v_scale is None
+
+    k = torch.randn(hkv, d).to(torch.bfloat16)
+    v = torch.randn(hkv, d).to(torch.bfloat16)
+    key[2, 5] = k
+    value[2, 5] = v
+    for h in range(hkv):
+        assert torch.equal(kv_cache[2, h, 5, :d], k[h])
+        assert torch.equal(kv_cache[2, h, 5, d:], v[h])
+    assert int((kv_cache != 0).sum()) == int((k != 0).sum() + (v != 0).sum())
+
+
+@pytest.mark.parametrize("storage", [torch.uint8, FP8])
+def test_layer_kv_cache_fp8_shares_the_layer_scales(storage):
+    kv_cache = torch.zeros(2, 1, 16, 256, dtype=storage)
+    layer = _scaled_layer()
+    kv = hpc_attn.layer_kv_cache(kv_cache, layer, 128, True)
+    assert kv.key.dtype == kv.value.dtype == FP8
+    kv.key[1, 3, 0, 0] = 1.0
+    byte = torch.tensor(1.0).to(FP8).view(torch.uint8)
+    assert kv_cache.view(torch.uint8)[1, 0, 3, 0].item() == byte
+    assert kv.k_scale is not None and kv.v_scale is not None
+    assert kv.k_scale.shape == kv.v_scale.shape == (1,)
+    assert kv.k_scale.data_ptr() == layer._k_scale.data_ptr()
+    assert kv.v_scale.data_ptr() == layer._v_scale.data_ptr()
+
+
+def test_layer_kv_cache_rejects_bad_input():
+    with pytest.raises(ValueError, match=r"kv_cache must be \[num_blocks"):
+        hpc_attn.layer_kv_cache(torch.zeros(2, 1, 16, 128), _scaled_layer(), 128, False)
+    with pytest.raises(ValueError, match="uint8 or float8_e4m3fn"):
+        hpc_attn.layer_kv_cache(
+            torch.zeros(2, 1, 16, 256, dtype=torch.bfloat16), _scaled_layer(), 128, True
+        )
 
 
 def test_kv_cache_views_lbhnc_meet_kernel_strides():

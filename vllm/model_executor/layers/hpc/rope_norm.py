@@ -62,6 +62,7 @@ from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.hpc.hpc_module import HpcModule
 from vllm.utils.hpc import has_hpc_kernels
 from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.v1.attention.backends.hpc_attn import layer_kv_cache
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 if TYPE_CHECKING:
@@ -75,7 +76,6 @@ __all__ = [
     "ROPE_NORM_KERNEL",
     "derive_positions",
     "hpc_rope_norm_forward",
-    "split_kv_cache",
 ]
 
 ROPE_NORM_KERNEL = "_hpc_C::rope_norm_store_kv"
@@ -200,33 +200,6 @@ def _positions_from_metadata(
     )
     attn_metadata.hpc_positions = positions
     return positions
-
-
-def split_kv_cache(
-    kv_cache: torch.Tensor, head_dim: int, use_fp8: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Key and value views of a layer's paged KV cache, without copying.
-
-    ``kv_cache`` is ``[num_blocks, num_kv_heads, block_size, 2 * head_dim]``
-    (K in the first half of the last dim, V in the second). The returned views
-    are ``[num_blocks, block_size, num_kv_heads, head_dim]`` with the strides of
-    the original storage. FP8 caches stored as ``uint8`` are reinterpreted as
-    ``float8_e4m3fn``.
-    """
-    if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_dim:
-        raise ValueError(
-            "expected a KV cache of shape [num_blocks, num_kv_heads, block_size, "
-            f"{2 * head_dim}], got {tuple(kv_cache.shape)}"
-        )
-    if use_fp8 and kv_cache.dtype != torch.float8_e4m3fn:
-        if kv_cache.dtype != torch.uint8:
-            raise ValueError(
-                f"an FP8 KV cache must be stored as uint8 or float8_e4m3fn, got "
-                f"{kv_cache.dtype}"
-            )
-        kv_cache = kv_cache.view(torch.float8_e4m3fn)
-    key_cache, value_cache = kv_cache.transpose(1, 2).split(head_dim, dim=-1)
-    return key_cache, value_cache
 
 
 # ---------------------------------------------------------------------------
@@ -631,14 +604,8 @@ class HpcRopeNorm(CustomOp, HpcModule):
         num_tokens = attn_metadata.num_actual_tokens
         num_decode_tokens = attn_metadata.num_decode_tokens
 
-        key_cache, value_cache = split_kv_cache(kv_cache, self.head_dim, self.use_fp8)
+        kv = layer_kv_cache(kv_cache, attn_layer, self.head_dim, self.use_fp8)
         positions = _positions_from_metadata(attn_metadata, num_tokens)
-
-        k_scale: torch.Tensor | None = None
-        v_scale: torch.Tensor | None = None
-        if key_cache.dtype == torch.float8_e4m3fn:
-            k_scale = cast(torch.Tensor, attn_layer._k_scale).reshape(1)
-            v_scale = cast(torch.Tensor, attn_layer._v_scale).reshape(1)
 
         q_scale: torch.Tensor | None = None
         if output.dtype == torch.float8_e4m3fn:
@@ -657,14 +624,14 @@ class HpcRopeNorm(CustomOp, HpcModule):
             positions,
             attn_metadata.slot_mapping,
             cast(torch.Tensor, self.cos_sin_cache),
-            key_cache,
-            value_cache,
+            kv.key,
+            kv.value,
             output[:num_tokens],
             q_scale=q_scale,
             q_norm_weight=q_norm_weight,
             k_norm_weight=k_norm_weight,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            k_scale=kv.k_scale,
+            v_scale=kv.v_scale,
             eps=self.eps,
             norm_policy=int(self.qk_norm_policy),
             is_neox=self.is_neox_style,

@@ -115,6 +115,49 @@ _OUTPUT_DTYPES = (torch.bfloat16, torch.float16)
 _PREFERRED_BLOCK_SIZE = 64
 
 
+@dataclass(frozen=True)
+class HpcLayerKvCache:
+    """A layer's paged KV cache as the HPC kernels read and write it."""
+
+    key: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_size] view
+    value: torch.Tensor  # the same, over V
+    k_scale: torch.Tensor | None  # FP8 caches: the layer's scale, [1]
+    v_scale: torch.Tensor | None
+
+
+def layer_kv_cache(
+    kv_cache: torch.Tensor, layer: Any, head_size: int, fp8: bool
+) -> HpcLayerKvCache:
+    """K, V and their scales of ``layer``'s packed cache page, without
+    copying: the one place the backend's cache layout is read.
+
+    ``kv_cache`` is ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``
+    (K in the first half of the last dim, V in the second; FP8 caches stored
+    as uint8 or float8_e4m3fn, read as float8_e4m3fn with the per-tensor
+    scales ``layer._k_scale`` / ``layer._v_scale``, which share the layer's
+    storage).
+    """
+    if kv_cache.dim() != 4 or kv_cache.shape[-1] != 2 * head_size:
+        raise ValueError(
+            "kv_cache must be [num_blocks, num_kv_heads, block_size, "
+            f"{2 * head_size}], got {tuple(kv_cache.shape)}"
+        )
+    if fp8 and kv_cache.dtype not in (torch.uint8, FP8_DTYPE):
+        raise ValueError(
+            "an FP8 kv_cache must be stored as uint8 or float8_e4m3fn, got "
+            f"{kv_cache.dtype}"
+        )
+    key, value = kv_cache.transpose(1, 2).split(head_size, dim=-1)
+    if not fp8:
+        return HpcLayerKvCache(key, value, None, None)
+    return HpcLayerKvCache(
+        key.view(FP8_DTYPE),
+        value.view(FP8_DTYPE),
+        layer._k_scale.reshape(1),
+        layer._v_scale.reshape(1),
+    )
+
+
 def _num_speculative_tokens(vllm_config: VllmConfig) -> int:
     spec_config = vllm_config.speculative_config
     if spec_config is None or spec_config.num_speculative_tokens is None:
@@ -630,9 +673,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         md.hpc_decode_q_scale = None
         md.hpc_prefill_q_scale = None
 
-        key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
-            kv_cache, layer
-        )
+        kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
         if query.dtype == FP8_DTYPE:
             if output.dtype not in _OUTPUT_DTYPES:
                 raise RuntimeError(
@@ -662,8 +703,8 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
             assert md.decode_workspace is not None
             decode_attention(
                 query[:num_decode_tokens],
-                key_cache,
-                value_cache,
+                kv.key,
+                kv.value,
                 md.decode_block_table,
                 md.decode_seq_lens,
                 output[:num_decode_tokens],
@@ -671,8 +712,8 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
                 scale=self.scale,
                 query_tokens=md.decode_query_len,
                 q_scale=decode_q_scale,
-                k_scale=k_scale,
-                v_scale=v_scale,
+                k_scale=kv.k_scale,
+                v_scale=kv.v_scale,
                 softcap=self.logits_soft_cap,
             )
         if md.num_prefills:
@@ -684,8 +725,8 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
             end = num_decode_tokens + md.num_prefill_tokens
             prefill_attention(
                 query[num_decode_tokens:end],
-                key_cache,
-                value_cache,
+                kv.key,
+                kv.value,
                 md.prefill_block_table,
                 md.qo_indptr,
                 md.prefill_seq_lens,
@@ -693,8 +734,8 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
                 md.prefill_workspace,
                 scale=self.scale,
                 q_scale=prefill_q_scale,
-                k_scale=k_scale,
-                v_scale=v_scale,
+                k_scale=kv.k_scale,
+                v_scale=kv.v_scale,
                 softcap=self.logits_soft_cap,
                 window=self.window,
             )
@@ -712,14 +753,14 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         already did (the hand-off flag, read here and reset by ``forward``)."""
         if _prologue_wrote_kv(layer):
             return
-        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        # FP8 caches are written through their uint8 views, as vLLM's cache
-        # op expects; padding tokens have slot -1 and are skipped.
+        kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
+        # FP8 caches are written through views in the storage's dtype, as
+        # vLLM's cache op expects; padding tokens have slot -1 and are skipped.
         reshape_and_cache_flash(
             key,
             value,
-            key_cache,
-            value_cache,
+            kv.key.view(kv_cache.dtype),
+            kv.value.view(kv_cache.dtype),
             slot_mapping,
             self.kv_cache_dtype,
             layer._k_scale,
@@ -736,22 +777,6 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
 
     def fused_rope_kvcache_supported(self) -> bool:
         return has_hpc_kernels()
-
-    def _kernel_kv_views(
-        self, kv_cache: torch.Tensor, layer: AttentionLayer
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """K and V as the kernels' strided [blocks, block size, heads, D]
-        views of the packed page (FP8 caches as float8_e4m3fn, with their
-        per-tensor scales sharing the layer's storage)."""
-        key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
-        if not self.use_fp8:
-            return key_cache, value_cache, None, None
-        return (
-            key_cache.view(FP8_DTYPE),
-            value_cache.view(FP8_DTYPE),
-            layer._k_scale.reshape(1),
-            layer._v_scale.reshape(1),
-        )
 
     def do_qk_norm_rope_kvcache_update(
         self,
@@ -774,21 +799,19 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         ``k_out`` is left as it is: the kernel writes the normed, rotated K
         into the cache only, and ``forward`` reads K from the cache.
         """
-        key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
-            kv_cache, layer
-        )
+        kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
         rope_norm_store_kv(
             qkv,
             positions,
             layer_slot_mapping,
             cos_sin_cache,
-            key_cache,
-            value_cache,
+            kv.key,
+            kv.value,
             q_out.view(qkv.shape[0], self.num_heads, self.head_size),
             q_norm_weight=q_weight,
             k_norm_weight=k_weight,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            k_scale=kv.k_scale,
+            v_scale=kv.v_scale,
             eps=rms_norm_eps,
             norm_policy=QkNormPolicy.NORM_THEN_ROPE,
             is_neox=is_neox,
@@ -820,19 +843,17 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         q_out = (
             query.view(q_shape) if query.is_contiguous() else query.new_empty(q_shape)
         )
-        key_cache, value_cache, k_scale, v_scale = self._kernel_kv_views(
-            kv_cache, layer
-        )
+        kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
         rope_norm_store_kv(
             qkv,
             positions,
             layer_slot_mapping,
             cos_sin_cache,
-            key_cache,
-            value_cache,
+            kv.key,
+            kv.value,
             q_out,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            k_scale=kv.k_scale,
+            v_scale=kv.v_scale,
             norm_policy=QkNormPolicy.NONE,
             is_neox=is_neox,
         )
