@@ -472,6 +472,8 @@ def _metadata(**overrides: Any) -> HpcAttnMetadata:
         hpc_kv_written=False,
         hpc_prefill_q_scale=None,
         hpc_decode_q_scale=None,
+        # The builder's FP8 Q-scale buffer, for layers of 8 query heads.
+        hpc_q_scale_buffer=torch.zeros(64, 8, dtype=torch.float32),
     )
     fields.update(overrides)
     return HpcAttnMetadata(**fields)
@@ -528,7 +530,6 @@ def test_constructor_reads_config(hpc_config):
     assert "cos_sin_cache" not in layer.state_dict()
     assert layer.layer_name == "test.ctor.attn"
     assert rope_norm._hpc_rope_norm_instances["test.ctor.attn"] is layer
-    assert layer._q_scale_rows == hpc_config.scheduler_config.max_num_batched_tokens
 
 
 def test_constructor_variants(hpc_config):
@@ -649,7 +650,10 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     attn = _attn_layer(kv_cache)
     qkv = _qkv(layer, 7)  # 5 real tokens + 2 padding rows
     output = torch.empty(7, layer.num_heads, layer.head_dim, dtype=FP8)
-    md = _metadata()
+    # The attention builder's persistent Q-scale buffer.
+    rows = hpc_config.scheduler_config.max_num_batched_tokens
+    buf = torch.zeros(rows, layer.num_heads, dtype=torch.float32)
+    md = _metadata(hpc_q_scale_buffer=buf)
 
     layer._forward_impl(qkv, kv_cache, md, attn, output)
 
@@ -667,9 +671,6 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     assert q_out.shape == (5, layer.num_heads, layer.head_dim)
     assert q_out.data_ptr() == output.data_ptr()
 
-    buf = layer._q_scale
-    assert buf is not None and buf.dtype == torch.float32
-    assert buf.shape == (hpc_config.scheduler_config.max_num_batched_tokens, 8)
     assert kw["q_scale"].shape == (5, 8) and kw["q_scale"].data_ptr() == buf.data_ptr()
     assert kw["k_scale"].shape == (1,) and kw["k_scale"].item() == 0.5
     assert kw["v_scale"].shape == (1,) and kw["v_scale"].item() == 0.25
@@ -687,10 +688,10 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     assert md.hpc_prefill_q_scale.shape == (3, 8)
     assert md.hpc_prefill_q_scale.data_ptr() == buf[2].data_ptr()
 
-    # The buffer is persistent: the next step reuses it.
-    md2 = _metadata(positions=torch.arange(5))
+    # The next step's metadata carries the same buffer.
+    md2 = _metadata(positions=torch.arange(5), hpc_q_scale_buffer=buf)
     layer._forward_impl(qkv, kv_cache, md2, attn, output)
-    assert layer._q_scale is buf
+    assert kernel.calls[1][1]["q_scale"].data_ptr() == buf.data_ptr()
     assert kernel.calls[1][0][1] is md2.positions
 
 
@@ -731,7 +732,6 @@ def test_forward_impl_bf16(hpc_config, monkeypatch):
     assert kw["q_norm_weight"] is None and kw["k_norm_weight"] is None
     assert kw["norm_policy"] == int(QkNormPolicy.NONE)
     assert kw["is_neox"] is True
-    assert layer._q_scale is None
     assert md.hpc_kv_written is True
     assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
 
@@ -803,15 +803,14 @@ def test_custom_op_zeroes_output_without_work(hpc_config, monkeypatch, case):
 @pytest.mark.skipif(
     not _op_runs_on_cpu(), reason="the op is registered for another device"
 )
-def test_profile_run_allocates_no_q_scale_buffer(hpc_config):
+def test_profile_run_needs_no_q_scale_buffer(hpc_config):
     # The attention builder owns the FP8 Q-scale buffer; the profiling run
-    # (no metadata) leaves the layer's fallback buffer unallocated.
+    # (no metadata) returns zeros without one.
     name = "test.op.profile.attn"
     layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name=name)
     ctx = _forward_context({name: _attn_layer(_kv_cache(layer, fp8=True))}, None)
     with override_forward_context(ctx):
         q = layer.forward_native(_qkv(layer, 3), name)
-    assert layer._q_scale is None
     assert not q.float().any()
 
 
@@ -828,12 +827,15 @@ def test_forward_impl_uses_metadata_q_scale_buffer(hpc_config, monkeypatch):
     assert md.hpc_decode_q_scale is not None and md.hpc_prefill_q_scale is not None
     assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
     assert md.hpc_prefill_q_scale.data_ptr() == buf[2].data_ptr()
-    assert layer._q_scale is None
-    # A buffer of the wrong shape is not used.
-    md = _metadata(hpc_q_scale_buffer=torch.zeros(16, 3))
-    layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
-    assert layer._q_scale is not None
-    assert kernel.calls[1][1]["q_scale"].data_ptr() == layer._q_scale.data_ptr()
+    # Without the builder's buffer, or with one of the wrong shape, the
+    # prologue refuses (it has no buffer of its own).
+    for missing in (None, torch.zeros(16, 3), torch.zeros(4, layer.num_heads)):
+        md = _metadata(hpc_q_scale_buffer=missing)
+        with pytest.raises(RuntimeError, match="hpc_q_scale_buffer"):
+            layer._forward_impl(
+                _qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output
+            )
+    assert len(kernel.calls) == 1
 
 
 def test_forward_impl_derives_positions_once_per_step(hpc_config, monkeypatch):

@@ -26,12 +26,12 @@ attention backend through ``HpcAttnMetadata`` fields (``hpc_kv_written``,
   carries them, and are otherwise derived on the device from ``seq_lens`` and
   the query offsets (``derive_positions``), without a host synchronisation,
   once per step: the result is kept on the metadata that all layers share.
-* FP8 Q scales live in one persistent ``[max_num_batched_tokens, num_heads]``
-  float32 buffer shared by all layers (each layer's attention consumes its
-  scales before the next layer's prologue runs): the attention builder's
-  ``hpc_q_scale_buffer``, or a buffer of this module when the metadata has
-  none. The decode and prefill rows are handed off as ``hpc_decode_q_scale``
-  and ``hpc_prefill_q_scale``.
+* FP8 Q scales live in the attention builder's persistent
+  ``[max_num_batched_tokens, num_heads]`` float32 buffer
+  (``hpc_q_scale_buffer``), shared by all layers: each layer's attention
+  consumes its scales before the next layer's prologue runs. The decode and
+  prefill rows are handed off as ``hpc_decode_q_scale`` and
+  ``hpc_prefill_q_scale``.
 
 The hand-off fields are declared on ``HpcAttnMetadata``. Each prologue writes
 all of them; the attention of the same layer reads them and resets them, and
@@ -92,7 +92,6 @@ _EXPLICIT_16BIT_CACHE_DTYPES = {
 
 _hpc_rope_norm_instances: dict[str, HpcRopeNorm] = {}
 # FP8 Q-scale buffers shared by every layer, by (device, rows, num_heads).
-_q_scale_buffers: dict[tuple[torch.device, int, int], torch.Tensor] = {}
 
 
 # ---------------------------------------------------------------------------
@@ -298,13 +297,6 @@ def _check_norm(norm: torch.nn.Module, name: str, head_dim: int) -> None:
         )
 
 
-def _max_num_batched_tokens() -> int | None:
-    vllm_config = get_current_vllm_config_or_none()
-    if vllm_config is None:
-        return None
-    return vllm_config.scheduler_config.max_num_batched_tokens
-
-
 @CustomOp.register("hpc_rope_norm")
 class HpcRopeNorm(CustomOp, HpcModule):
     """Fused QK-RMSNorm + RoPE + KV-cache write (+ FP8 Q quantisation).
@@ -416,8 +408,6 @@ class HpcRopeNorm(CustomOp, HpcModule):
 
         # FP8 Q scales: one [rows, num_heads] float32 buffer, allocated on
         # first use on the device of the activations.
-        self._q_scale_rows = _max_num_batched_tokens()
-        self._q_scale: torch.Tensor | None = None
 
         self.layer_name: str | None = None
         self.register_layer_name(layer_name)
@@ -544,49 +534,25 @@ class HpcRopeNorm(CustomOp, HpcModule):
         torch.ops.vllm.hpc_rope_norm_forward(qkv, output, layer_name)
         return output
 
-    def _q_scale_buffer(self, num_tokens: int, device: torch.device) -> torch.Tensor:
-        """The persistent FP8 Q-scale buffer, ``[rows, num_heads]`` float32."""
-        buf = self._q_scale
-        if buf is not None and buf.device == device and buf.shape[0] >= num_tokens:
-            return buf
-        rows = self._q_scale_rows or _max_num_batched_tokens() or 0
-        if buf is not None and buf.shape[0] < num_tokens:
-            logger.warning_once(
-                "HpcRopeNorm: %d tokens exceed the Q-scale buffer (%d rows); "
-                "reallocating it.",
-                num_tokens,
-                buf.shape[0],
-            )
-        rows = max(rows, num_tokens, 1)
-        self._q_scale_rows = rows
-        # One buffer for all layers of the same shape: each layer's attention
-        # reads its scales before the next layer's prologue overwrites them.
-        key = (device, rows, self.num_heads)
-        if key not in _q_scale_buffers:
-            _q_scale_buffers[key] = torch.zeros(
-                rows, self.num_heads, dtype=torch.float32, device=device
-            )
-        self._q_scale = _q_scale_buffers[key]
-        return self._q_scale
-
     def _step_q_scale(
         self, attn_metadata: HpcAttnMetadata, num_tokens: int, device: torch.device
     ) -> torch.Tensor:
-        """``[num_tokens, num_heads]`` rows for this step's FP8 Q scales.
-
-        The attention backend's builder owns a persistent buffer for them
-        (``hpc_q_scale_buffer``); the layer's own buffer is the fallback for
-        metadata without one.
-        """
+        """``[num_tokens, num_heads]`` rows of the attention builder's FP8
+        Q-scale buffer (``hpc_q_scale_buffer``, the only one) for this step."""
         buf = getattr(attn_metadata, "hpc_q_scale_buffer", None)
         if (
-            buf is not None
-            and buf.device == device
-            and buf.shape[0] >= num_tokens
-            and buf.shape[1] == self.num_heads
+            buf is None
+            or buf.device != device
+            or buf.shape[0] < num_tokens
+            or buf.shape[1] != self.num_heads
         ):
-            return buf[:num_tokens]
-        return self._q_scale_buffer(num_tokens, device)[:num_tokens]
+            got = None if buf is None else (tuple(buf.shape), str(buf.device))
+            raise RuntimeError(
+                "HpcRopeNorm: FP8 queries need the HPC_ATTN builder's Q-scale "
+                f"buffer (attn_metadata.hpc_q_scale_buffer) of at least "
+                f"{num_tokens} x {self.num_heads} rows on {device}, got {got}"
+            )
+        return buf[:num_tokens]
 
     def _forward_impl(
         self,
