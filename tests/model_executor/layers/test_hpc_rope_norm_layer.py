@@ -35,6 +35,7 @@ from vllm.model_executor.custom_op import CustomOp, op_registry
 from vllm.model_executor.layers.hpc import HpcModule, rope_norm
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.utils import hpc as hpc_utils
+from vllm.v1.attention.backends import hpc_attn
 from vllm.v1.attention.backends.hpc_attn import HpcAttnMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -644,7 +645,7 @@ def _qkv(layer: HpcRopeNorm, num_tokens: int) -> torch.Tensor:
 
 def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     layer = _layer(kv_cache_dtype="fp8_e4m3", is_neox_style=False)
     kv_cache = _kv_cache(layer, fp8=True)
     attn = _attn_layer(kv_cache)
@@ -697,7 +698,7 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
 
 def test_forward_impl_decode_only_fp8(hpc_config, monkeypatch):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     layer = _layer(kv_cache_dtype="fp8")
     kv_cache = _kv_cache(layer, fp8=True)
     md = _metadata(
@@ -718,7 +719,7 @@ def test_forward_impl_decode_only_fp8(hpc_config, monkeypatch):
 
 def test_forward_impl_bf16(hpc_config, monkeypatch):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     layer = _layer(kv_cache_dtype="auto", use_qk_norm=False)
     kv_cache = _kv_cache(layer, fp8=False)
     md = _metadata()
@@ -753,7 +754,7 @@ def _op_runs_on_cpu() -> bool:
 @pytest.mark.parametrize("wrap", ["dict", "list"])
 def test_custom_op_routes_to_layer(hpc_config, monkeypatch, wrap):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     name = f"test.op.{wrap}.attn"
     layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name=name)
     kv_cache = _kv_cache(layer, fp8=True)
@@ -780,7 +781,7 @@ def test_custom_op_routes_to_layer(hpc_config, monkeypatch, wrap):
 @pytest.mark.parametrize("case", ["no_metadata", "empty_cache"])
 def test_custom_op_zeroes_output_without_work(hpc_config, monkeypatch, case):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     name = f"test.op.{case}.attn"
     layer = _layer(kv_cache_dtype="auto", layer_name=name)
     if case == "no_metadata":
@@ -816,7 +817,7 @@ def test_profile_run_needs_no_q_scale_buffer(hpc_config):
 
 def test_forward_impl_uses_metadata_q_scale_buffer(hpc_config, monkeypatch):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     layer = _layer(kv_cache_dtype="fp8_e4m3", layer_name="test.buffer.attn")
     kv_cache = _kv_cache(layer, fp8=True)
     buf = torch.zeros(16, layer.num_heads, dtype=torch.float32)
@@ -840,7 +841,7 @@ def test_forward_impl_uses_metadata_q_scale_buffer(hpc_config, monkeypatch):
 
 def test_forward_impl_derives_positions_once_per_step(hpc_config, monkeypatch):
     kernel = _KernelRecorder()
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", kernel)
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     layer = _layer(kv_cache_dtype="auto", layer_name="test.positions.attn")
     kv_cache = _kv_cache(layer, fp8=False)
     md = _metadata(hpc_positions=None)

@@ -1008,7 +1008,7 @@ def kernels(monkeypatch, fake_workspaces):
     monkeypatch.setattr(hpc_attn, "decode_attention", _Recorder("decode", log))
     monkeypatch.setattr(hpc_attn, "prefill_attention", _Recorder("prefill", log))
     monkeypatch.setattr(hpc_attn, "reshape_and_cache_flash", _Recorder("write", log))
-    monkeypatch.setattr(rope_norm, "rope_norm_store_kv", _Recorder("prologue", log))
+    monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", _Recorder("prologue", log))
     return log
 
 

@@ -5,8 +5,10 @@
 ``HpcRopeNorm`` applies the optional per-head QK-RMSNorm and RoPE to a packed
 QKV projection, writes K and V into the layer's paged KV cache and returns Q
 (bfloat16/float16, or FP8-E4M3 with per-token-per-head scales when the KV
-cache is FP8). The work is done by ``_hpc_C::rope_norm_store_kv`` through
-``vllm._hpc_ops.rope_norm_store_kv``.
+cache is FP8). The layer keeps the model's side (norm weights, RoPE cache,
+configuration checks); the launch is the attention backend's prologue entry
+(``hpc_attn.run_prologue``, ``_hpc_C::rope_norm_store_kv``), which the
+backend's fusion-pass hooks share.
 
 Model code uses ``HpcRopeNorm``, ``QkNormPolicy`` and the
 ``vllm::hpc_rope_norm_forward`` splitting op; the result is handed to the
@@ -52,7 +54,6 @@ from vllm._hpc_ops import (
     MAX_GQA_RATIO,
     SUPPORTED_HEAD_SIZES,
     QkNormPolicy,
-    rope_norm_store_kv,
 )
 from vllm.compilation.breakable_cudagraph import eager_break_during_capture
 from vllm.config import get_current_vllm_config_or_none
@@ -62,7 +63,7 @@ from vllm.model_executor.custom_op import CustomOp
 from vllm.model_executor.layers.hpc.hpc_module import HpcModule
 from vllm.utils.hpc import has_hpc_kernels
 from vllm.utils.torch_utils import direct_register_custom_op
-from vllm.v1.attention.backends.hpc_attn import layer_kv_cache
+from vllm.v1.attention.backends.hpc_attn import run_prologue
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
 if TYPE_CHECKING:
@@ -570,7 +571,6 @@ class HpcRopeNorm(CustomOp, HpcModule):
         num_tokens = attn_metadata.num_actual_tokens
         num_decode_tokens = attn_metadata.num_decode_tokens
 
-        kv = layer_kv_cache(kv_cache, attn_layer, self.head_dim, self.use_fp8)
         positions = _positions_from_metadata(attn_metadata, num_tokens)
 
         q_scale: torch.Tensor | None = None
@@ -585,22 +585,22 @@ class HpcRopeNorm(CustomOp, HpcModule):
             q_norm_weight = cast(torch.Tensor, self.fallback_qnorm.weight)
             k_norm_weight = cast(torch.Tensor, self.fallback_knorm.weight)
 
-        rope_norm_store_kv(
+        run_prologue(
+            attn_layer,
+            kv_cache,
+            self.head_dim,
+            self.use_fp8,
             qkv[:num_tokens],
             positions,
             attn_metadata.slot_mapping,
             cast(torch.Tensor, self.cos_sin_cache),
-            kv.key,
-            kv.value,
             output[:num_tokens],
+            norm_policy=self.qk_norm_policy,
+            is_neox=self.is_neox_style,
             q_scale=q_scale,
             q_norm_weight=q_norm_weight,
             k_norm_weight=k_norm_weight,
-            k_scale=kv.k_scale,
-            v_scale=kv.v_scale,
             eps=self.eps,
-            norm_policy=int(self.qk_norm_policy),
-            is_neox=self.is_neox_style,
         )
 
         # Every hand-off field is written, so nothing of another layer's

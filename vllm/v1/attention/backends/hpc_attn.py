@@ -158,6 +158,49 @@ def layer_kv_cache(
     )
 
 
+def run_prologue(
+    layer: Any,
+    kv_cache: torch.Tensor,
+    head_size: int,
+    fp8: bool,
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_out: torch.Tensor,
+    *,
+    norm_policy: QkNormPolicy,
+    is_neox: bool,
+    q_scale: torch.Tensor | None = None,
+    q_norm_weight: torch.Tensor | None = None,
+    k_norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> None:
+    """The attention prologue of one layer in one launch: per-head RMSNorm
+    (``norm_policy``) and RoPE of Q and K, K and V written into ``layer``'s
+    cache, Q into ``q_out`` (FP8 with per-row scales into ``q_scale`` when
+    ``q_out`` is FP8). The one body behind HpcRopeNorm and the fusion-pass
+    hooks; ``qkv`` holds the packed [T, (Hq + 2 Hkv) head_size] rows."""
+    kv = layer_kv_cache(kv_cache, layer, head_size, fp8)
+    rope_norm_store_kv(
+        qkv,
+        positions,
+        slot_mapping,
+        cos_sin_cache,
+        kv.key,
+        kv.value,
+        q_out,
+        q_scale=q_scale,
+        q_norm_weight=q_norm_weight,
+        k_norm_weight=k_norm_weight,
+        k_scale=kv.k_scale,
+        v_scale=kv.v_scale,
+        eps=eps,
+        norm_policy=int(norm_policy),
+        is_neox=is_neox,
+    )
+
+
 def _num_speculative_tokens(vllm_config: VllmConfig) -> int:
     spec_config = vllm_config.speculative_config
     if spec_config is None or spec_config.num_speculative_tokens is None:
@@ -799,22 +842,21 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         ``k_out`` is left as it is: the kernel writes the normed, rotated K
         into the cache only, and ``forward`` reads K from the cache.
         """
-        kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
-        rope_norm_store_kv(
+        run_prologue(
+            layer,
+            kv_cache,
+            self.head_size,
+            self.use_fp8,
             qkv,
             positions,
             layer_slot_mapping,
             cos_sin_cache,
-            kv.key,
-            kv.value,
             q_out.view(qkv.shape[0], self.num_heads, self.head_size),
-            q_norm_weight=q_weight,
-            k_norm_weight=k_weight,
-            k_scale=kv.k_scale,
-            v_scale=kv.v_scale,
-            eps=rms_norm_eps,
             norm_policy=QkNormPolicy.NORM_THEN_ROPE,
             is_neox=is_neox,
+            q_norm_weight=q_weight,
+            k_norm_weight=k_weight,
+            eps=rms_norm_eps,
         )
 
     def do_rope_and_kv_cache_update(
@@ -843,17 +885,16 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         q_out = (
             query.view(q_shape) if query.is_contiguous() else query.new_empty(q_shape)
         )
-        kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
-        rope_norm_store_kv(
+        run_prologue(
+            layer,
+            kv_cache,
+            self.head_size,
+            self.use_fp8,
             qkv,
             positions,
             layer_slot_mapping,
             cos_sin_cache,
-            kv.key,
-            kv.value,
             q_out,
-            k_scale=kv.k_scale,
-            v_scale=kv.v_scale,
             norm_policy=QkNormPolicy.NONE,
             is_neox=is_neox,
         )
