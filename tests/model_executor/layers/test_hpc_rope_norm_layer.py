@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.machinery
-import random
 import sys
 import types
 from typing import Any
@@ -123,25 +122,6 @@ def _layer(
         qk_norm_policy=QkNormPolicy.NORM_THEN_ROPE,
         **kwargs,
     )
-
-
-def _positions_loop(
-    seq_lens: list[int],
-    decode_query_lens: list[int],
-    prefill_query_lens: list[int],
-    num_tokens: int,
-) -> list[int]:
-    """Reference: walk the requests token by token."""
-    out = []
-    for r, qlen in enumerate(decode_query_lens + prefill_query_lens):
-        for i in range(qlen):
-            out.append(seq_lens[r] - qlen + i)
-    out += [0] * (num_tokens - len(out))
-    return out
-
-
-def _cumsum0(lens: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
 
 
 # ---------------------------------------------------------------------------
@@ -371,88 +351,6 @@ def test_has_hpc_means_the_external_package(clean_has_hpc, monkeypatch, installe
     assert hpc_utils.has_hpc_kernels() is (not installed)
 
 
-# ---------------------------------------------------------------------------
-# Position derivation
-# ---------------------------------------------------------------------------
-
-
-def test_derive_positions_hand_computed():
-    # Two decodes (seq_lens 5 and 9), then prefills of 3 new tokens (nothing
-    # cached) and 4 new tokens (6 cached), then two padding tokens.
-    seq_lens = torch.tensor([5, 9, 3, 10, 0], dtype=torch.int32)
-    positions = rope_norm.derive_positions(
-        seq_lens,
-        11,
-        torch.tensor([0, 1, 2], dtype=torch.int32),
-        torch.tensor([0, 3, 7], dtype=torch.int32),
-        2,
-    )
-    assert positions.dtype == torch.int64
-    assert positions.tolist() == [4, 8, 0, 1, 2, 6, 7, 8, 9, 0, 0]
-
-
-def test_derive_positions_multi_token_decode():
-    positions = rope_norm.derive_positions(
-        torch.tensor([7, 3], dtype=torch.int32),
-        4,
-        torch.tensor([0, 2, 4], dtype=torch.int32),
-        None,
-        4,
-    )
-    assert positions.tolist() == [5, 6, 1, 2]
-
-
-def test_derive_positions_prefill_only_and_empty():
-    positions = rope_norm.derive_positions(
-        torch.tensor([4, 2], dtype=torch.int32),
-        6,
-        None,
-        torch.tensor([0, 4, 6], dtype=torch.int32),
-        0,
-    )
-    assert positions.tolist() == [0, 1, 2, 3, 0, 1]
-    empty = rope_norm.derive_positions(
-        torch.zeros(0, dtype=torch.int32), 3, None, None, 0
-    )
-    assert empty.tolist() == [0, 0, 0]
-
-
-def test_derive_positions_rejects_short_seq_lens():
-    with pytest.raises(ValueError, match="seq_lens"):
-        rope_norm.derive_positions(
-            torch.tensor([4], dtype=torch.int32),
-            2,
-            torch.tensor([0, 1, 2], dtype=torch.int32),
-            None,
-            2,
-        )
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_derive_positions_random(seed):
-    rng = random.Random(seed)
-    num_decodes = rng.randint(0, 6)
-    num_prefills = rng.randint(0, 6)
-    dql = rng.randint(1, 4)
-    decode_q = [dql] * num_decodes
-    prefill_q = [rng.randint(1, 40) for _ in range(num_prefills)]
-    seq_lens = [q + rng.randint(0, 300) for q in decode_q + prefill_q]
-    num_real = sum(decode_q) + sum(prefill_q)
-    num_tokens = num_real + rng.randint(0, 5)
-    seq_lens_t = torch.tensor(seq_lens + [0] * rng.randint(0, 3), dtype=torch.int32)
-
-    positions = rope_norm.derive_positions(
-        seq_lens_t,
-        num_tokens,
-        _cumsum0(decode_q) if num_decodes else None,
-        _cumsum0(prefill_q) if num_prefills else None,
-        sum(decode_q),
-    )
-    assert positions.tolist() == _positions_loop(
-        seq_lens, decode_q, prefill_q, num_tokens
-    )
-
-
 def _metadata(**overrides: Any) -> HpcAttnMetadata:
     # Two single-token decodes (seq_lens 5, 9) and one prefill of 3 tokens
     # after 2 cached ones (seq_len 5): 5 tokens in all.
@@ -475,24 +373,11 @@ def _metadata(**overrides: Any) -> HpcAttnMetadata:
         hpc_decode_q_scale=None,
         # The builder's FP8 Q-scale buffer, for layers of 8 query heads.
         hpc_q_scale_buffer=torch.zeros(64, 8, dtype=torch.float32),
+        # The builder's positions (derive_positions of the batch above).
+        positions=torch.tensor([4, 8, 2, 3, 4], dtype=torch.int64),
     )
     fields.update(overrides)
     return HpcAttnMetadata(**fields)
-
-
-def test_positions_from_metadata():
-    expected = [4, 8, 2, 3, 4]
-    md = _metadata()
-    assert rope_norm._positions_from_metadata(md, 5).tolist() == expected
-    # Missing decode offsets: rebuilt from the uniform decode query length.
-    md = _metadata(qo_indptr_decode=None)
-    assert rope_norm._positions_from_metadata(md, 5).tolist() == expected
-    # Positions carried by the metadata win.
-    given = torch.arange(100, 105)
-    md = _metadata(positions=given)
-    assert rope_norm._positions_from_metadata(md, 5) is given
-    with pytest.raises(ValueError, match="qo_indptr"):
-        rope_norm._positions_from_metadata(_metadata(qo_indptr=None), 5)
 
 
 # ---------------------------------------------------------------------------
@@ -707,6 +592,7 @@ def test_forward_impl_decode_only_fp8(hpc_config, monkeypatch):
         num_prefill_tokens=0,
         qo_indptr=None,
         seq_lens=torch.tensor([5, 9], dtype=torch.int32),
+        positions=torch.tensor([4, 8], dtype=torch.int64),
     )
     output = torch.empty(2, layer.num_heads, layer.head_dim, dtype=FP8)
     layer._forward_impl(_qkv(layer, 2), kv_cache, md, _attn_layer(kv_cache), output)
@@ -839,15 +725,13 @@ def test_forward_impl_uses_metadata_q_scale_buffer(hpc_config, monkeypatch):
     assert len(kernel.calls) == 1
 
 
-def test_forward_impl_derives_positions_once_per_step(hpc_config, monkeypatch):
+def test_forward_impl_refuses_metadata_without_positions(hpc_config, monkeypatch):
     kernel = _KernelRecorder()
     monkeypatch.setattr(hpc_attn, "rope_norm_store_kv", kernel)
     layer = _layer(kv_cache_dtype="auto", layer_name="test.positions.attn")
     kv_cache = _kv_cache(layer, fp8=False)
-    md = _metadata(hpc_positions=None)
+    md = _metadata(positions=None)
     output = torch.empty(5, layer.num_heads, layer.head_dim, dtype=torch.bfloat16)
-    for _ in range(2):
+    with pytest.raises(ValueError, match="no positions"):
         layer._forward_impl(_qkv(layer, 5), kv_cache, md, _attn_layer(kv_cache), output)
-    assert md.hpc_positions is not None
-    assert md.hpc_positions.tolist() == [4, 8, 2, 3, 4]
-    assert kernel.calls[0][0][1] is kernel.calls[1][0][1] is md.hpc_positions
+    assert not kernel.calls

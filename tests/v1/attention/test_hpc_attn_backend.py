@@ -10,7 +10,9 @@ replaced by recording stand-ins that check what each is handed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import random
 import subprocess
 import sys
 import types
@@ -745,7 +747,6 @@ def _assert_reset(md) -> None:
     assert md.hpc_kv_written is False
     assert md.hpc_decode_q_scale is None
     assert md.hpc_prefill_q_scale is None
-    assert md.hpc_positions is None
 
 
 def test_builder_sizes_workspaces_once(fake_workspaces, llama_model):
@@ -1052,6 +1053,21 @@ def test_forward_rejects_output_quant(kernels):
     q, k, v, out = _qkv_out(2)
     with pytest.raises(NotImplementedError, match="output quant"):
         impl.forward(_layer_stub(), q, k, v, _kv_cache(False), None, out, torch.ones(1))
+
+
+def test_builder_derives_positions_when_the_runner_gives_none(
+    fake_workspaces, llama_model
+):
+    builder = _builder(llama_model)
+    # Two decodes, an extend of 5 after 35 cached, a prefill of 3, 2 padding
+    # rows.
+    common = _Inputs().common([1, 1, 5, 3], [9, 17, 40, 3], num_tokens=12)
+    given = builder.build(0, common)
+    assert given.positions is common.positions
+    derived = builder.build(0, dataclasses.replace(common, positions=None))
+    assert derived.positions is not None
+    expected = [8, 16, 35, 36, 37, 38, 39, 0, 1, 2, 0, 0]
+    assert derived.positions.tolist() == expected
 
 
 def test_forward_bf16_mixed_batch(kernels, llama_model):
@@ -1574,3 +1590,104 @@ def test_rope_hook_reads_the_projection_in_place() -> None:
     assert torch.equal(copied, qkv)
     swapped = hpc_attn._packed_qkv(v, k, q)
     assert torch.equal(swapped, torch.cat([v, k, q], dim=-1))
+
+
+def _positions_loop(
+    seq_lens: list[int],
+    decode_query_lens: list[int],
+    prefill_query_lens: list[int],
+    num_tokens: int,
+) -> list[int]:
+    """Reference: walk the requests token by token."""
+    out = []
+    for r, qlen in enumerate(decode_query_lens + prefill_query_lens):
+        for i in range(qlen):
+            out.append(seq_lens[r] - qlen + i)
+    out += [0] * (num_tokens - len(out))
+    return out
+
+
+def _cumsum0(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+
+# ---------------------------------------------------------------------------
+# Position derivation
+# ---------------------------------------------------------------------------
+
+
+def test_derive_positions_hand_computed():
+    # Two decodes (seq_lens 5 and 9), then prefills of 3 new tokens (nothing
+    # cached) and 4 new tokens (6 cached), then two padding tokens.
+    seq_lens = torch.tensor([5, 9, 3, 10, 0], dtype=torch.int32)
+    positions = hpc_attn.derive_positions(
+        seq_lens,
+        11,
+        torch.tensor([0, 1, 2], dtype=torch.int32),
+        torch.tensor([0, 3, 7], dtype=torch.int32),
+        2,
+    )
+    assert positions.dtype == torch.int64
+    assert positions.tolist() == [4, 8, 0, 1, 2, 6, 7, 8, 9, 0, 0]
+
+
+def test_derive_positions_multi_token_decode():
+    positions = hpc_attn.derive_positions(
+        torch.tensor([7, 3], dtype=torch.int32),
+        4,
+        torch.tensor([0, 2, 4], dtype=torch.int32),
+        None,
+        4,
+    )
+    assert positions.tolist() == [5, 6, 1, 2]
+
+
+def test_derive_positions_prefill_only_and_empty():
+    positions = hpc_attn.derive_positions(
+        torch.tensor([4, 2], dtype=torch.int32),
+        6,
+        None,
+        torch.tensor([0, 4, 6], dtype=torch.int32),
+        0,
+    )
+    assert positions.tolist() == [0, 1, 2, 3, 0, 1]
+    empty = hpc_attn.derive_positions(
+        torch.zeros(0, dtype=torch.int32), 3, None, None, 0
+    )
+    assert empty.tolist() == [0, 0, 0]
+
+
+def test_derive_positions_rejects_short_seq_lens():
+    with pytest.raises(ValueError, match="seq_lens"):
+        hpc_attn.derive_positions(
+            torch.tensor([4], dtype=torch.int32),
+            2,
+            torch.tensor([0, 1, 2], dtype=torch.int32),
+            None,
+            2,
+        )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_derive_positions_random(seed):
+    rng = random.Random(seed)
+    num_decodes = rng.randint(0, 6)
+    num_prefills = rng.randint(0, 6)
+    dql = rng.randint(1, 4)
+    decode_q = [dql] * num_decodes
+    prefill_q = [rng.randint(1, 40) for _ in range(num_prefills)]
+    seq_lens = [q + rng.randint(0, 300) for q in decode_q + prefill_q]
+    num_real = sum(decode_q) + sum(prefill_q)
+    num_tokens = num_real + rng.randint(0, 5)
+    seq_lens_t = torch.tensor(seq_lens + [0] * rng.randint(0, 3), dtype=torch.int32)
+
+    positions = hpc_attn.derive_positions(
+        seq_lens_t,
+        num_tokens,
+        _cumsum0(decode_q) if num_decodes else None,
+        _cumsum0(prefill_q) if num_prefills else None,
+        sum(decode_q),
+    )
+    assert positions.tolist() == _positions_loop(
+        seq_lens, decode_q, prefill_q, num_tokens
+    )

@@ -24,10 +24,8 @@ attention backend through ``HpcAttnMetadata`` fields (``hpc_kv_written``,
 * The unused tail of each request's last KV block is left as it is: the
   attention kernels mask keys by sequence length, so slots past ``seq_len``
   are never read.
-* Token positions come from ``attn_metadata.positions`` when the metadata
-  carries them, and are otherwise derived on the device from ``seq_lens`` and
-  the query offsets (``derive_positions``), without a host synchronisation,
-  once per step: the result is kept on the metadata that all layers share.
+* Token positions are ``attn_metadata.positions``: the model runner's, or
+  derived by the attention builder once per step when it gives none.
 * FP8 Q scales live in the attention builder's persistent
   ``[max_num_batched_tokens, num_heads]`` float32 buffer
   (``hpc_q_scale_buffer``), shared by all layers: each layer's attention
@@ -75,7 +73,6 @@ __all__ = [
     "HpcRopeNorm",
     "QkNormPolicy",
     "ROPE_NORM_KERNEL",
-    "derive_positions",
     "hpc_rope_norm_forward",
 ]
 
@@ -93,113 +90,6 @@ _EXPLICIT_16BIT_CACHE_DTYPES = {
 
 _hpc_rope_norm_instances: dict[str, HpcRopeNorm] = {}
 # FP8 Q-scale buffers shared by every layer, by (device, rows, num_heads).
-
-
-# ---------------------------------------------------------------------------
-# Helpers (device-side, no host synchronisation)
-# ---------------------------------------------------------------------------
-
-
-def derive_positions(
-    seq_lens: torch.Tensor,
-    num_tokens: int,
-    decode_query_start_loc: torch.Tensor | None,
-    prefill_query_start_loc: torch.Tensor | None,
-    num_decode_tokens: int,
-) -> torch.Tensor:
-    """Position of every token of a batch, computed on ``seq_lens.device``.
-
-    The batch holds the decode requests first, then the prefill requests, in
-    the order of ``seq_lens`` (the KV length of each request *including* the
-    tokens of this step). The query offsets are cumulative token counts:
-
-    * ``decode_query_start_loc``: ``[num_decodes + 1]``, starting at 0;
-      ``None`` when there are no decode requests.
-    * ``prefill_query_start_loc``: ``[num_prefills + 1]``, relative to the
-      first prefill token (so it also starts at 0); ``None`` when there are no
-      prefill requests. Prefill token ``i`` is batch token
-      ``num_decode_tokens + i``.
-
-    A token ``t`` of request ``r`` whose query ends (exclusively) at
-    ``query_end[r]`` sits at position
-    ``seq_lens[r] - (query_end[r] - t)``: the last query token of a request is
-    at ``seq_len - 1``. Tokens past the last request (padding) get position 0,
-    and results are clamped at 0.
-
-    Only tensor shapes and Python ints are read on the host, so this is safe
-    under CUDA graph capture. Returns an int64 tensor of ``num_tokens``.
-    """
-    device = seq_lens.device
-    ends: list[torch.Tensor] = []
-    if decode_query_start_loc is not None:
-        ends.append(decode_query_start_loc[1:].to(torch.int64))
-    if prefill_query_start_loc is not None:
-        ends.append(prefill_query_start_loc[1:].to(torch.int64) + num_decode_tokens)
-    num_reqs = sum(int(e.shape[0]) for e in ends)
-    if num_reqs == 0:
-        return torch.zeros(num_tokens, dtype=torch.int64, device=device)
-    if seq_lens.shape[0] < num_reqs:
-        raise ValueError(
-            f"seq_lens has {seq_lens.shape[0]} entries but the query offsets "
-            f"describe {num_reqs} requests"
-        )
-
-    query_ends = torch.cat(ends).to(device)
-    tokens = torch.arange(num_tokens, dtype=torch.int64, device=device)
-    # Index of the first request whose query ends after token t.
-    req = torch.searchsorted(query_ends, tokens, right=True)
-    req = req.clamp_(max=num_reqs - 1)
-    lens = seq_lens[:num_reqs].to(torch.int64)
-    positions = lens[req] - (query_ends[req] - tokens)
-    positions = torch.where(tokens < query_ends[-1], positions, 0)
-    return positions.clamp_(min=0)
-
-
-def _positions_from_metadata(
-    attn_metadata: HpcAttnMetadata, num_tokens: int
-) -> torch.Tensor:
-    """Token positions of the batch described by ``attn_metadata``.
-
-    Derived positions are kept on the metadata object, which every layer of
-    the step shares, so they are computed once per step, not once per layer.
-    """
-    positions = getattr(attn_metadata, "positions", None)
-    if positions is None:
-        positions = getattr(attn_metadata, "hpc_positions", None)
-    if positions is not None:
-        return positions
-
-    seq_lens = attn_metadata.seq_lens
-    decode_loc = None
-    if attn_metadata.num_decodes > 0:
-        decode_loc = attn_metadata.qo_indptr_decode
-        if decode_loc is None:
-            # Decode requests have a uniform query length.
-            decode_loc = (
-                torch.arange(
-                    attn_metadata.num_decodes + 1,
-                    dtype=torch.int64,
-                    device=seq_lens.device,
-                )
-                * attn_metadata.decode_query_len
-            )
-    prefill_loc = None
-    if attn_metadata.num_prefills > 0:
-        prefill_loc = attn_metadata.qo_indptr
-        if prefill_loc is None:
-            raise ValueError(
-                "HpcRopeNorm: the metadata has prefill requests but neither "
-                "positions nor qo_indptr"
-            )
-    positions = derive_positions(
-        seq_lens,
-        num_tokens,
-        decode_loc,
-        prefill_loc,
-        attn_metadata.num_decode_tokens,
-    )
-    attn_metadata.hpc_positions = positions
-    return positions
 
 
 # ---------------------------------------------------------------------------
@@ -571,7 +461,12 @@ class HpcRopeNorm(CustomOp, HpcModule):
         num_tokens = attn_metadata.num_actual_tokens
         num_decode_tokens = attn_metadata.num_decode_tokens
 
-        positions = _positions_from_metadata(attn_metadata, num_tokens)
+        positions = attn_metadata.positions
+        if positions is None:
+            raise ValueError(
+                "HpcRopeNorm: the attention metadata has no positions (the "
+                "HPC_ATTN builder derives them when the model runner gives none)"
+            )
 
         q_scale: torch.Tensor | None = None
         if output.dtype == torch.float8_e4m3fn:

@@ -158,6 +158,61 @@ def layer_kv_cache(
     )
 
 
+def derive_positions(
+    seq_lens: torch.Tensor,
+    num_tokens: int,
+    decode_query_start_loc: torch.Tensor | None,
+    prefill_query_start_loc: torch.Tensor | None,
+    num_decode_tokens: int,
+) -> torch.Tensor:
+    """Position of every token of a batch, computed on ``seq_lens.device``.
+
+    The batch holds the decode requests first, then the prefill requests, in
+    the order of ``seq_lens`` (the KV length of each request *including* the
+    tokens of this step). The query offsets are cumulative token counts:
+
+    * ``decode_query_start_loc``: ``[num_decodes + 1]``, starting at 0;
+      ``None`` when there are no decode requests.
+    * ``prefill_query_start_loc``: ``[num_prefills + 1]``, relative to the
+      first prefill token (so it also starts at 0); ``None`` when there are no
+      prefill requests. Prefill token ``i`` is batch token
+      ``num_decode_tokens + i``.
+
+    A token ``t`` of request ``r`` whose query ends (exclusively) at
+    ``query_end[r]`` sits at position
+    ``seq_lens[r] - (query_end[r] - t)``: the last query token of a request is
+    at ``seq_len - 1``. Tokens past the last request (padding) get position 0,
+    and results are clamped at 0.
+
+    Only tensor shapes and Python ints are read on the host, so this is safe
+    under CUDA graph capture. Returns an int64 tensor of ``num_tokens``.
+    """
+    device = seq_lens.device
+    ends: list[torch.Tensor] = []
+    if decode_query_start_loc is not None:
+        ends.append(decode_query_start_loc[1:].to(torch.int64))
+    if prefill_query_start_loc is not None:
+        ends.append(prefill_query_start_loc[1:].to(torch.int64) + num_decode_tokens)
+    num_reqs = sum(int(e.shape[0]) for e in ends)
+    if num_reqs == 0:
+        return torch.zeros(num_tokens, dtype=torch.int64, device=device)
+    if seq_lens.shape[0] < num_reqs:
+        raise ValueError(
+            f"seq_lens has {seq_lens.shape[0]} entries but the query offsets "
+            f"describe {num_reqs} requests"
+        )
+
+    query_ends = torch.cat(ends).to(device)
+    tokens = torch.arange(num_tokens, dtype=torch.int64, device=device)
+    # Index of the first request whose query ends after token t.
+    req = torch.searchsorted(query_ends, tokens, right=True)
+    req = req.clamp_(max=num_reqs - 1)
+    lens = seq_lens[:num_reqs].to(torch.int64)
+    positions = lens[req] - (query_ends[req] - tokens)
+    positions = torch.where(tokens < query_ends[-1], positions, 0)
+    return positions.clamp_(min=0)
+
+
 def run_prologue(
     layer: Any,
     kv_cache: torch.Tensor,
@@ -242,7 +297,8 @@ class HpcAttnMetadata(AttentionMetadata):
     """Query offsets of the decode requests. [num_decodes + 1]; None without
     decodes."""
     positions: torch.Tensor | None = None
-    """Token positions from the model runner, when it provides them."""
+    """Token positions: the model runner's, or derived by the builder when it
+    gives none (None only on metadata built by hand)."""
 
     decode_seq_lens: torch.Tensor | None = None
     decode_block_table: torch.Tensor | None = None
@@ -267,9 +323,6 @@ class HpcAttnMetadata(AttentionMetadata):
     hpc_q_scale_buffer: torch.Tensor | None = None
     """Persistent float32 [max_num_batched_tokens, num_heads] buffer the
     prologue writes FP8 Q scales into (FP8 caches only)."""
-    hpc_positions: torch.Tensor | None = None
-    """Positions the prologue derived when ``positions`` is None, computed
-    once per step and kept for the other layers."""
 
 
 class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
@@ -461,6 +514,15 @@ class HpcAttnMetadataBuilder(AttentionMetadataBuilder[HpcAttnMetadata]):
             metadata.prefill_block_table = block_table[num_decodes:num_reqs]
             self.prefill_workspace.plan(qo_indptr, metadata.prefill_seq_lens)
 
+        if metadata.positions is None:
+            # vLLM's model runner gives positions; other callers may not.
+            metadata.positions = derive_positions(
+                seq_lens,
+                cm.num_actual_tokens,
+                metadata.qo_indptr_decode,
+                metadata.qo_indptr,
+                num_decode_tokens,
+            )
         return metadata
 
 
