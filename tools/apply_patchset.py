@@ -523,6 +523,21 @@ def describe_backend(text: str) -> str:
 # fusion and skip it otherwise (no CUDA backend of vLLM 0.33.0 does). The
 # QK-norm pass also registers an FP8-query form that calls an op only ROCm
 # registers, which would fail on the first layer that supports the fusion.
+# Hy3 calls attention with K and V that HpcRopeNorm already wrote into the
+# cache: vLLM's KV-cache write bypass (key=None, value=None), which HPC_ATTN
+# supports, instead of the raw K/V that the backend would write again.
+HY3_ATTN_CALL_OLD = """\
+            q = self.hpc_rope_norm(qkv, self.attn.layer_name)
+            q = q.view(-1, self.num_heads * self.head_dim)
+            attn_output = self.attn(q, k, v, output_shape, self.dtype)
+"""
+HY3_ATTN_CALL_NEW = """\
+            q = self.hpc_rope_norm(qkv, self.attn.layer_name)
+            q = q.view(-1, self.num_heads * self.head_dim)
+            # K/V are in the cache already: attention reads them there.
+            attn_output = self.attn(q, None, None, output_shape, self.dtype)
+"""
+
 PACKAGE_EDITS: tuple[Replace, ...] = (
     Replace(
         "config/compilation.py",
@@ -535,6 +550,12 @@ PACKAGE_EDITS: tuple[Replace, ...] = (
         "the FP8-query patterns of QkNormRopeKvCacheFusionPass",
         QUANT_FORMS_OLD,
         QUANT_FORMS_NEW,
+    ),
+    Replace(
+        "model_executor/models/hy_v3.py",
+        "Hy3's attention call after HpcRopeNorm",
+        HY3_ATTN_CALL_OLD,
+        HY3_ATTN_CALL_NEW,
     ),
 )
 
@@ -1175,7 +1196,7 @@ SERIES: tuple[Step, ...] = (
         "schemas), its CMake target (built only for 9.0a with nvcc >= 13.0) "
         "and its wiring into CMakeLists.txt and setup.py; the typed op module "
         "vllm/_hpc_ops.py and its validation, vllm/utils/hpc.py, the "
-        "attention workspaces, the HpcRopeNorm layer; the kernel tests' "
+        "attention workspaces; the kernel tests' "
         "set-up and the prologue's tests and benchmark. All kernels come "
         "together because the op "
         "registration references each of them.",
@@ -1187,7 +1208,6 @@ SERIES: tuple[Step, ...] = (
             "vllm/_hpc_ops.py",
             "vllm/_hpc_ops_validation.py",
             "vllm/utils/hpc.py",
-            "vllm/model_executor/layers/hpc/*",
             "vllm/v1/attention/ops/hpc_attn_workspace.py",
             "tests/kernels/hpc/conftest.py",
             "tests/kernels/hpc/utils.py",
@@ -1230,13 +1250,17 @@ SERIES: tuple[Step, ...] = (
         "hpc-attn-backend",
         "[Attention] HPC_ATTN backend on the _hpc_C kernels",
         "The HPC_ATTN attention backend (vllm/v1/attention/backends/"
-        "hpc_attn.py), the registry's description of what it supports, its "
-        "CPU and GPU tests and the prologue layer's tests, which check the "
-        "backend's metadata. vLLM's backend-correctness test compares it "
+        "hpc_attn.py), the registry's description of what it supports, the "
+        "HpcRopeNorm prologue layer, which calls the backend's prologue, and "
+        "Hy3's attention call reading K/V from the cache the prologue wrote "
+        "(vLLM's KV-cache write bypass); their CPU and GPU tests. vLLM's "
+        "backend-correctness test compares it "
         "with the other backends on the causal and sliding-window cases, "
         "each backend only on what it accepts at selection.",
         (
             "vllm/v1/attention/backends/*",
+            "vllm/model_executor/layers/hpc/*",
+            "vllm/model_executor/models/hy_v3.py",
             BACKEND_TESTS,
             "tests/v1/attention/conftest.py",
             "tests/v1/attention/test_hpc_attn_backend*",

@@ -30,7 +30,7 @@ CHECKED = [rel for rel, _, _ in tool.UPSTREAM_CHECKS]
 REGISTRY, ATTENTION, FP8_ORACLE = CHECKED
 # Upstream files edited in place, relative to the vllm package.
 EDITED = [r.rel for r in tool.PACKAGE_EDITS]
-COMPILATION, QK_NORM_PASS = EDITED
+COMPILATION, QK_NORM_PASS, HY3_MODEL = EDITED
 
 FAKE_SETUP = """\
 import os
@@ -268,7 +268,8 @@ def test_copy_reapply_and_mode_switch(tree: Path, target: Path, capsys) -> None:
 
     capsys.readouterr()
     assert run(*apply_args(tree, target, "--copy")) == 0
-    assert "(0 of 8 files updated)" in capsys.readouterr().out
+    files = len(tool.tree_files(tree / "vllm")) + len(EDITED)
+    assert f"(0 of {files} files updated)" in capsys.readouterr().out
     assert manifest(target) == first
 
     # our own copies and links are never taken for upstream files

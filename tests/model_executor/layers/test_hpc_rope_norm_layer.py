@@ -204,7 +204,6 @@ def test_hpc_attn_metadata_has_handoff_fields():
         "qo_indptr",
         "qo_indptr_decode",
         "decode_query_len",
-        "hpc_kv_written",
         "hpc_decode_q_scale",
         "hpc_prefill_q_scale",
     }
@@ -368,7 +367,6 @@ def _metadata(**overrides: Any) -> HpcAttnMetadata:
         qo_indptr=torch.tensor([0, 3], dtype=torch.int32),
         qo_indptr_decode=torch.tensor([0, 1, 2], dtype=torch.int32),
         decode_query_len=1,
-        hpc_kv_written=False,
         hpc_prefill_q_scale=None,
         hpc_decode_q_scale=None,
         # The builder's FP8 Q-scale buffer, for layers of 8 query heads.
@@ -567,7 +565,6 @@ def test_forward_impl_fp8_single_launch(hpc_config, monkeypatch):
     assert kw["norm_policy"] == int(QkNormPolicy.NORM_THEN_ROPE)
     assert kw["is_neox"] is False
 
-    assert md.hpc_kv_written is True
     assert md.hpc_decode_q_scale is not None and md.hpc_prefill_q_scale is not None
     assert md.hpc_decode_q_scale.shape == (2, 8)
     assert md.hpc_decode_q_scale.data_ptr() == buf.data_ptr()
@@ -619,7 +616,6 @@ def test_forward_impl_bf16(hpc_config, monkeypatch):
     assert kw["q_norm_weight"] is None and kw["k_norm_weight"] is None
     assert kw["norm_policy"] == int(QkNormPolicy.NONE)
     assert kw["is_neox"] is True
-    assert md.hpc_kv_written is True
     assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
 
 
@@ -657,8 +653,8 @@ def test_custom_op_routes_to_layer(hpc_config, monkeypatch, wrap):
     assert q.shape == (5, layer.num_heads, layer.head_dim) and q.dtype == FP8
     assert len(kernel.calls) == 1
     assert kernel.calls[0][0][6].data_ptr() == q.data_ptr()
-    assert md.hpc_kv_written is True
-    assert other.hpc_kv_written is False
+    assert md.hpc_decode_q_scale is not None
+    assert other.hpc_decode_q_scale is None
 
 
 @pytest.mark.skipif(
@@ -684,7 +680,7 @@ def test_custom_op_zeroes_output_without_work(hpc_config, monkeypatch, case):
     assert kernel.calls == []
     assert not output.any()
     if md is not None:
-        assert md.hpc_kv_written is False
+        assert md.hpc_decode_q_scale is None
 
 
 @pytest.mark.skipif(

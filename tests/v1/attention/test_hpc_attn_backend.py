@@ -744,7 +744,6 @@ class _Inputs:
 
 
 def _assert_reset(md) -> None:
-    assert md.hpc_kv_written is False
     assert md.hpc_decode_q_scale is None
     assert md.hpc_prefill_q_scale is None
 
@@ -1209,29 +1208,11 @@ def test_do_kv_cache_update_writes_through_vllm_cache_op(kernels):
     assert ks is layer._k_scale and vs is layer._v_scale
 
 
-@pytest.mark.parametrize("wrap", ["dict", "list"])
-def test_do_kv_cache_update_skips_handed_off_layer(kernels, llama_model, wrap):
-    builder = _builder(llama_model)
-    md = builder.build(0, _Inputs().common([1, 3], [5, 3]))
-    other = builder.build(0, _Inputs().common([1, 3], [5, 3]))
-    layer = _layer_stub("handoff.skip.attn")
-    per_layer = {layer.layer_name: md}
-    ctx = ForwardContext(
-        no_compile_layers={},
-        attn_metadata=per_layer
-        if wrap == "dict"
-        else [per_layer, {layer.layer_name: other}],
-        slot_mapping={},
-    )
-    impl = Impl(32, 128, 0.1, 8)
-    _, k, v, _ = _qkv_out(4)
-    with override_forward_context(ctx):
-        md.hpc_kv_written = True
-        impl.do_kv_cache_update(layer, k, v, _kv_cache(False), md.slot_mapping)
-        assert kernels == []
-        md.hpc_kv_written = False
-        impl.do_kv_cache_update(layer, k, v, _kv_cache(False), md.slot_mapping)
-    assert [n for n, _, _ in kernels] == ["write"]
+def test_backend_takes_the_kv_cache_write_bypass():
+    # A model whose prologue wrote K/V calls attention with key=None,
+    # value=None; vLLM then skips the write (unified_kv_cache_update).
+    assert Backend.supports_kv_cache_update_bypass is True
+    assert Backend.forward_includes_kv_cache_update is False
 
 
 def test_forward_fp8_query_without_scales_raises(kernels, llama_model):
@@ -1280,7 +1261,6 @@ def test_prologue_hand_off_two_layers_two_steps(kernels, llama_model, kv_cache_d
             qkv = torch.randn(num_tokens, (32 + 16) * 128).to(torch.bfloat16)
             q = torch.empty(num_tokens, 32, 128, dtype=FP8 if fp8 else torch.bfloat16)
             prologues[i]._forward_impl(qkv, caches[i], md, layers[i], q)
-            assert md.hpc_kv_written is True
             if fp8:
                 # The scales live in the builder's persistent buffer.
                 assert builder.q_scale_buffer is not None
@@ -1288,15 +1268,11 @@ def test_prologue_hand_off_two_layers_two_steps(kernels, llama_model, kv_cache_d
                 ((pargs, pkw),) = _calls(kernels, "prologue")
                 assert pkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
                 assert md.hpc_decode_q_scale.shape == (md.num_decode_tokens, 32)
-            _, k, v, out = _qkv_out(num_tokens)
-            ctx = ForwardContext(
-                no_compile_layers={}, attn_metadata={names[i]: md}, slot_mapping={}
-            )
-            with override_forward_context(ctx):
-                impls[i].do_kv_cache_update(layers[i], k, v, caches[i], md.slot_mapping)
-            impls[i].forward(layers[i], q, k, v, caches[i], md, out)
+            # As the attention layer calls it after the prologue: K/V are in
+            # the cache (key=None, value=None; vLLM skips its write).
+            out = _qkv_out(num_tokens)[3]
+            impls[i].forward(layers[i], q, None, None, caches[i], md, out)
             names_called = [n for n, _, _ in kernels]
-            # The prologue wrote K/V: no second write of the raw K/V.
             assert "write" not in names_called
             assert names_called[-2:] == ["decode", "prefill"]
             ((_, dkw),) = _calls(kernels, "decode")
@@ -1313,7 +1289,6 @@ def test_prologue_hand_off_two_layers_two_steps(kernels, llama_model, kv_cache_d
             else:
                 assert dkw["q_scale"] is None and pkw["q_scale"] is None
             # Consumed: nothing reaches the next layer or step.
-            assert md.hpc_kv_written is False
             assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
 
 
@@ -1541,7 +1516,7 @@ def test_attention_layer_after_prologue_as_hy_v3_calls_it(
     kernels, llama_model, kv_cache_dtype
 ):
     # The call sequence of models/hy_v3.py: the prologue op writes K/V (and
-    # FP8 Q with its scales), then attn(q, k_raw, v_raw, None, model dtype).
+    # FP8 Q with its scales), then attn(q, None, None, None, model dtype).
     fp8 = kv_cache_dtype != "auto"
     config = _vllm_config(llama_model, kv_cache_dtype=kv_cache_dtype)
     layer = _attention(config, 32, 8, 128)
@@ -1561,8 +1536,7 @@ def test_attention_layer_after_prologue_as_hy_v3_calls_it(
         override_forward_context(_layer_context(layer, md)),
     ):
         rope_norm.hpc_rope_norm_forward(qkv, q, layer.layer_name)
-        assert md.hpc_kv_written is True
-        out = layer(q.view(6, -1), k_raw, v_raw, None, torch.bfloat16)
+        out = layer(q.view(6, -1), None, None, None, torch.bfloat16)
     assert [n for n, _, _ in kernels] == ["prologue", "decode", "prefill"]
     assert out.dtype == torch.bfloat16
     ((dargs, dkw),) = _calls(kernels, "decode")
@@ -1572,7 +1546,6 @@ def test_attention_layer_after_prologue_as_hy_v3_calls_it(
         assert dkw["q_scale"].data_ptr() == builder.q_scale_buffer.data_ptr()
     else:
         assert dkw["q_scale"] is None
-    assert md.hpc_kv_written is False
     assert md.hpc_decode_q_scale is None and md.hpc_prefill_q_scale is None
 
 

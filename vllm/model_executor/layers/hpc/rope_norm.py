@@ -11,9 +11,11 @@ configuration checks); the launch is the attention backend's prologue entry
 backend's fusion-pass hooks share.
 
 Model code uses ``HpcRopeNorm``, ``QkNormPolicy`` and the
-``vllm::hpc_rope_norm_forward`` splitting op; the result is handed to the
-attention backend through ``HpcAttnMetadata`` fields (``hpc_kv_written``,
-``hpc_decode_q_scale``, ``hpc_prefill_q_scale``).
+``vllm::hpc_rope_norm_forward`` splitting op, then call the attention layer
+with ``key=None, value=None``: K and V are in the cache already (vLLM's
+bypass of its KV-cache write). FP8 Q scales are handed to the attention
+backend through ``HpcAttnMetadata`` fields (``hpc_decode_q_scale``,
+``hpc_prefill_q_scale``).
 
 * One kernel launch covers the whole batch: every token carries its own
   position and KV-cache slot, so decode and prefill tokens need no separate
@@ -510,5 +512,3 @@ class HpcRopeNorm(CustomOp, HpcModule):
             if q_scale is not None and attn_metadata.num_prefills > 0
             else None
         )
-        # The attention backend skips its own KV-cache write when this is set.
-        attn_metadata.hpc_kv_written = True

@@ -31,10 +31,12 @@ batches replay correctly after ``build`` refreshed the plans.
 K/V are written by ``do_kv_cache_update`` (vLLM's ``unified_kv_cache_update``
 op, run before the attention op), through vLLM's ``reshape_and_cache_flash``.
 ``HpcRopeNorm`` (the fused QK-norm + RoPE + KV-write prologue that models such
-as Hy3 wire) writes them itself and hands its results to this backend through
-the ``hpc_*`` fields of ``HpcAttnMetadata``: ``do_kv_cache_update`` then
-skips the layer, and ``forward`` consumes the fields and resets them, so they
-never reach another layer sharing the metadata, nor another step.
+as Hy3 wire) writes them itself; the model then calls the attention layer
+with ``key=None, value=None`` (``supports_kv_cache_update_bypass``), so vLLM
+does not ask for the write. Its FP8 Q scales reach ``forward`` through the
+``hpc_*_q_scale`` fields of ``HpcAttnMetadata``, which ``forward`` consumes
+and resets, so they never reach another layer sharing the metadata, nor
+another step.
 
 Models that do not wire the prologue can get the same kernel through vLLM's
 QK-norm + RoPE + KV-cache and RoPE + KV-cache fusion passes, whose impl hooks
@@ -75,7 +77,6 @@ from vllm.config import (
     get_layers_from_vllm_config,
 )
 from vllm.config.cache import CacheDType
-from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.logger import init_logger
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.platforms.interface import DeviceCapability
@@ -312,9 +313,6 @@ class HpcAttnMetadata(AttentionMetadata):
     # --- hand-off from HpcRopeNorm ---------------------------------------
     # Written by the prologue of a layer and consumed (then reset) by the
     # attention of the same layer, before the next layer's prologue runs.
-    hpc_kv_written: bool = False
-    """The prologue already wrote this layer's K/V into the cache, so
-    ``do_kv_cache_update`` skips the layer."""
     hpc_decode_q_scale: torch.Tensor | None = None
     """FP8 Q scales of the decode rows. [num_decode_tokens, num_heads]"""
     hpc_prefill_q_scale: torch.Tensor | None = None
@@ -540,8 +538,10 @@ class HpcAttentionBackend(AttentionBackend):
     ]
     # K/V are written by do_kv_cache_update (vLLM's unified_kv_cache_update
     # op), which the QK-norm/RoPE + KV-cache fusion passes replace with the
-    # fused prologue; it skips layers whose HpcRopeNorm already wrote them.
+    # fused prologue; a model whose HpcRopeNorm wrote them calls attention
+    # with key=None, value=None, and vLLM skips the write.
     forward_includes_kv_cache_update: bool = False
+    supports_kv_cache_update_bypass: bool = True
 
     @staticmethod
     def get_supported_kernel_block_sizes(
@@ -771,10 +771,7 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         md = attn_metadata
         decode_q_scale = md.hpc_decode_q_scale
         prefill_q_scale = md.hpc_prefill_q_scale
-        # Consumed (K/V were written before this call, by the prologue or by
-        # do_kv_cache_update): the next layer sharing this metadata starts
-        # clean.
-        md.hpc_kv_written = False
+        # Consumed: the next layer sharing this metadata starts clean.
         md.hpc_decode_q_scale = None
         md.hpc_prefill_q_scale = None
 
@@ -854,10 +851,9 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Writes this step's K/V into the cache unless the layer's prologue
-        already did (the hand-off flag, read here and reset by ``forward``)."""
-        if _prologue_wrote_kv(layer):
-            return
+        """Writes this step's K/V into the cache. vLLM does not call it for
+        a layer whose prologue (HpcRopeNorm) wrote them: the model then calls
+        attention with ``key=None, value=None``."""
         kv = layer_kv_cache(kv_cache, layer, self.head_size, self.use_fp8)
         # FP8 caches are written through views in the storage's dtype, as
         # vLLM's cache op expects; padding tokens have slot -1 and are skipped.
@@ -983,16 +979,3 @@ def _packed_qkv(
     if adjacent and row_stride >= width:
         return parts[0].as_strided((num_tokens, width), (row_stride, 1))
     return torch.cat(parts, dim=-1)
-
-
-def _prologue_wrote_kv(layer: AttentionLayer) -> bool:
-    """Whether ``HpcRopeNorm`` wrote this layer's K/V in the current step."""
-    if not is_forward_context_available():
-        return False
-    metadata: Any = get_forward_context().attn_metadata
-    if isinstance(metadata, list):
-        # Speculative decoding: entry 0 is the target model's metadata.
-        metadata = metadata[0]
-    if isinstance(metadata, dict):
-        metadata = metadata.get(getattr(layer, "layer_name", ""))
-    return bool(getattr(metadata, "hpc_kv_written", False))
