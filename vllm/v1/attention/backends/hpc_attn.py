@@ -766,8 +766,8 @@ class HpcAttentionImpl(AttentionImpl[HpcAttnMetadata]):
             return output.fill_(0)
 
         # NOTE: with piecewise CUDA graphs this runs eagerly for every layer,
-        # so it only slices and launches; the checks were done in __init__
-        # and in the builder.
+        # so it only slices and launches: the checks were done in __init__
+        # and in the builder (layer_kv_cache's two shape checks aside).
         md = attn_metadata
         decode_q_scale = md.hpc_decode_q_scale
         prefill_q_scale = md.hpc_prefill_q_scale
