@@ -11,16 +11,19 @@ default, and drives the engine step by step:
 * ``prefill``: the time to the first token of one 32768-token prompt
   (median of three fresh prompts; prefix caching is off).
 * agreement: the top log-probabilities of four greedy steps on four short
-  prompts, compared with the ``TRITON_ATTN`` run of the same model and KV
-  dtype (the dummy weights are replaced by seeded normal ones first, so the
-  models compute something non-trivial and the same in every run).
+  prompts, compared with the ``TRITON_ATTN`` and ``FLASH_ATTN`` runs of the
+  same model and KV dtype (the dummy weights are replaced by seeded normal
+  ones first, so the models compute something non-trivial and the same in
+  every run).
 
-Models (``--models``): ``llama`` (GQA 4, no QK-norm: K/V written by the
-impl), ``qwen3`` (GQA 5, QK-norm: the fused prologue through vLLM's
-QK-norm + RoPE + KV-cache pass), ``hy3`` (64/8 heads, QK-norm through the
-model's own ``HpcRopeNorm``, FP8 experts with ``--moe-backend hpc`` in every
-run). KV dtypes (``--kv``): ``bf16`` and ``fp8``. Backends (``--backends``):
-``HPC_ATTN``, ``TRITON_ATTN``, ``FLASH_ATTN`` (needs vLLM's compiled ops).
+Models (``--models``): ``llama`` (GQA 4, no QK-norm: the fused prologue
+through vLLM's RoPE + KV-cache pass), ``qwen3`` (GQA 5, QK-norm: the fused
+prologue through vLLM's QK-norm + RoPE + KV-cache pass; both passes with the
+README's compilation settings under ``HPC_ATTN``), ``hy3`` (64/8 heads,
+QK-norm through the model's own ``HpcRopeNorm``, FP8 experts with
+``--moe-backend hpc`` in every run). KV dtypes (``--kv``): ``bf16`` and
+``fp8``. Backends (``--backends``): ``HPC_ATTN``, ``TRITON_ATTN``,
+``FLASH_ATTN`` (needs vLLM's compiled ops).
 
 Case names: ``<model>-<bf16|fp8>-<decode|prefill>``; ``impl`` is ``hpc``,
 ``triton_attn`` or ``flash_attn``; the ``hpc`` records carry ``ratios``
@@ -37,7 +40,9 @@ all their kernels (``decode_device_us_per_step``) and the host operators with
 the most CPU time of their own (``decode_host_ops``), to tell where one
 backend's step time goes against another's; the decode records then carry
 ``attn_kernel_us_per_layer``, the device time of the backend's own decode
-attention kernels per layer (``ATTENTION_KERNELS``).
+attention kernels per layer (``ATTENTION_KERNELS``), and
+``fused_prologue_calls_per_layer``, the launches of the fused prologue's
+kernel per layer and step (1 where HpcRopeNorm or a fusion pass fused it).
 """
 
 from __future__ import annotations
@@ -86,6 +91,13 @@ _COMMON = {
     "bos_token_id": 1,
     "eos_token_id": 2,
     "head_dim": 128,
+}
+
+# The vLLM fusion pass that gives a model without HpcRopeNorm the fused
+# prologue under HPC_ATTN (Qwen3 has per-head QK-norm, Llama has none).
+FUSION_PASS = {
+    "qwen3": "fuse_qk_norm_rope_kvcache",
+    "llama": "fuse_rope_kvcache",
 }
 
 # The shapes of the named models; ``num_hidden_layers`` comes from --layers.
@@ -219,6 +231,9 @@ def _step_until_done(
 
 PROFILE_KERNELS = 25
 PROFILE_HOST_OPS = 15
+# The fused prologue's kernel (HpcRopeNorm and the fusion-pass hooks): one
+# launch per layer and step when the model or a fusion pass uses it.
+PROLOGUE_KERNEL = "rope_norm_kernel"
 
 
 def _kernel_table(profiler: Any, steps: int) -> dict[str, Any]:
@@ -229,10 +244,13 @@ def _kernel_table(profiler: Any, steps: int) -> dict[str, Any]:
     kernels = []
     host = []
     device_total = 0.0
+    prologue_calls = 0
     for event in profiler.key_averages():
         device_us = getattr(event, "self_device_time_total", 0.0)
         if device_us > 0:
             device_total += device_us
+            if PROLOGUE_KERNEL in event.key:
+                prologue_calls += event.count
             kernels.append(
                 {
                     "kernel": event.key[:120],
@@ -254,6 +272,7 @@ def _kernel_table(profiler: Any, steps: int) -> dict[str, Any]:
         "kernels": kernels[:PROFILE_KERNELS],
         "device_us_per_step": round(device_total / steps, 1),
         "host_ops": host[:PROFILE_HOST_OPS],
+        "prologue_calls_per_step": round(prologue_calls / steps, 2),
     }
 
 
@@ -303,8 +322,9 @@ def run_one(
                 "fused_add_rms_norm": ["native"],
             }
         }
-    if model == "qwen3" and backend == "HPC_ATTN":
-        compilation["pass_config"] = {"fuse_qk_norm_rope_kvcache": True}
+    if backend == "HPC_ATTN" and model in FUSION_PASS:
+        # The README's settings for models that do not wire HpcRopeNorm.
+        compilation["pass_config"] = {FUSION_PASS[model]: True}
         compilation["use_inductor_graph_partition"] = True
     if model == "hy3":
         kwargs["moe_backend"] = "hpc"
@@ -367,6 +387,7 @@ def run_one(
         result["decode_kernels"] = profile_table["kernels"]
         result["decode_device_us_per_step"] = profile_table["device_us_per_step"]
         result["decode_host_ops"] = profile_table["host_ops"]
+        result["prologue_calls_per_step"] = profile_table["prologue_calls_per_step"]
     result["decode_steps"] = len(steps)
 
     # Prefill: one long prompt, a token out.
@@ -453,10 +474,17 @@ def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
                 attn_us = attention_us_per_layer(run, layers)
                 if what == "decode" and attn_us is not None:
                     extra["attn_kernel_us_per_layer"] = attn_us
+                if what == "decode" and "prologue_calls_per_step" in run:
+                    extra["fused_prologue_calls_per_layer"] = round(
+                        run["prologue_calls_per_step"] / layers, 2
+                    )
                 if impl == "hpc" and what == "decode":
-                    ref = by_key.get((model, kv, "TRITON_ATTN"))
-                    if ref is not None:
-                        extra["agreement_triton_attn"] = _agreement(hpc, ref)
+                    for ref_backend in ("TRITON_ATTN", "FLASH_ATTN"):
+                        ref = by_key.get((model, kv, ref_backend))
+                        if ref is not None:
+                            extra[f"agreement_{IMPL_NAMES[ref_backend]}"] = _agreement(
+                                hpc, ref
+                            )
                 record = bench_utils.make_record(
                     "E2E", f"{model}-{kv}-{what}", impl, us, None, **extra
                 )

@@ -74,6 +74,7 @@ def test_records_ratios_and_missing_runs():
         _run("TRITON_ATTN", 150.0, 1200.0, [5], logprobs),
         {"model": "hy3", "kv": "bf16", "backend": "FLASH_ATTN", "error": "exit 1"},
     ]
+    runs[0]["prologue_calls_per_step"] = 2.0
     # A profiled HPC_ATTN step: its decode kernels count, its planner does not.
     runs[0]["decode_kernels"] = [
         {"kernel": "void hpc::decode::decode_kernel<128>(...)", "us_per_step": 30.0},
@@ -95,7 +96,21 @@ def test_records_ratios_and_missing_runs():
     assert "attn_kernel_us_per_layer" not in records[("hy3-bf16-prefill", "hpc")]
     agreement = records[("hy3-bf16-decode", "hpc")]["agreement_triton_attn"]
     assert agreement["same_tokens"] == "1/1"
+    # The failed FLASH_ATTN run gives no agreement record.
+    assert "agreement_flash_attn" not in records[("hy3-bf16-decode", "hpc")]
+    assert records[("hy3-bf16-decode", "hpc")]["fused_prologue_calls_per_layer"] == 1.0
+    assert "fused_prologue_calls_per_layer" not in records[("hy3-bf16-prefill", "hpc")]
     assert all(r["workload"] == "E2E" for r in records.values())
+
+
+def test_fusion_passes_are_vllm_flags():
+    """The passes the benchmark turns on for HPC_ATTN are PassConfig flags
+    of the vLLM it runs with, and each model without HpcRopeNorm has one."""
+    from vllm.config.compilation import PassConfig
+
+    assert set(e2e.FUSION_PASS) == {"llama", "qwen3"}
+    for flag in e2e.FUSION_PASS.values():
+        assert flag in PassConfig.__dataclass_fields__
 
 
 class _FakeEngine:
@@ -139,6 +154,12 @@ class _FakeProfiler:
                 count=8,
             ),
             event(
+                key="void hpc::rope_norm::rope_norm_kernel<bf16, 128>(...)",
+                self_device_time_total=8.0,
+                self_cpu_time_total=0.0,
+                count=4,
+            ),
+            event(
                 key="host_only",
                 self_device_time_total=0.0,
                 self_cpu_time_total=50.0,
@@ -169,9 +190,15 @@ def test_profiled_steps_are_not_timed(monkeypatch: pytest.MonkeyPatch):
         "kernels": [
             {"kernel": "gemm", "us_per_step": 450.0, "calls_per_step": 4.0},
             {"kernel": "decode_kernel", "us_per_step": 150.0, "calls_per_step": 2.0},
+            {
+                "kernel": "void hpc::rope_norm::rope_norm_kernel<bf16, 128>(...)",
+                "us_per_step": 4.0,
+                "calls_per_step": 2.0,
+            },
         ],
-        "device_us_per_step": 600.0,
+        "device_us_per_step": 604.0,
         "host_ops": [
             {"op": "host_only", "cpu_us_per_step": 25.0, "calls_per_step": 1.0}
         ],
+        "prologue_calls_per_step": 2.0,
     }
