@@ -1,4 +1,4 @@
-// Synchronization of a subset of a CTA's warps.
+// Synchronization of a subset of a CTA's warps, and of CTAs through memory.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,19 @@ __device__ __forceinline__ bool named_barrier_sync_or(int id, int threads,
       : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
       : "memory");
   return any != 0;
+}
+
+// Loads *ptr with acquire semantics at GPU scope: the writes another CTA
+// made before releasing the value (a fence, then the store or atomic) are
+// visible to this thread after the load, and to the CTA's threads after a
+// barrier that follows it.
+__device__ __forceinline__ int load_acquire(const int32_t* ptr) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
+               : "=r"(value)
+               : "l"(ptr)
+               : "memory");
+  return value;
 }
 
 }  // namespace hpc

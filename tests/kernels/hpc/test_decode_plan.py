@@ -306,7 +306,7 @@ IDLE_ITEM = {
     "pieces": 0,
     "first_partial": -1,
     "partial_row": -1,
-    "spare": 0,
+    "mergers": 0,
 }
 
 
@@ -336,6 +336,22 @@ def check_first_items(
             first_row[unit] = next_row
             next_row += len(ranges[unit])
 
+    # A unit's mergers: its first pieces, each its CTA's last, that share
+    # the unit's merge. Balanced: every piece but the last continues into
+    # the next CTA; the last counts when it ends its CTA's walk too. Other
+    # modes: all pieces when each CTA holds one granule, else none.
+    ends_walk = {piece for pieces in per_cta for piece in pieces[-1:]}
+    one_granule_each = plan.num_ctas >= plan.total_granules
+    mergers: dict[int, int] = {}
+    for unit in first_row:
+        ends = [(unit, lo, hi) in ends_walk for lo, hi in ranges[unit]]
+        if plan.mode == SplitMode.BALANCED:
+            mergers[unit] = len(ends) - 1 + ends[-1]
+        else:
+            mergers[unit] = len(ends) if one_granule_each else 0
+        # Only a CTA with no work after the piece may wait for the others.
+        assert all(ends[: mergers[unit]]), f"unit {unit}: {ends}"
+
     fields = decode_item_fields()
     items = [
         dict(zip(fields, row, strict=True)) for row in plan.cta_first_item.tolist()
@@ -359,7 +375,7 @@ def check_first_items(
             "partial_row": (
                 first_row[unit] + ranges[unit].index((lo, hi)) if split else -1
             ),
-            "spare": 0,
+            "mergers": mergers.get(unit, 0),
         }
         assert items[c] == expected, f"CTA {c}: {items[c]} != {expected}"
     for c in range(plan.num_ctas, len(items)):

@@ -1,8 +1,9 @@
-// Device code of the split-KV combine. The decode kernel's CTA that
-// finishes the last piece of a split unit merges the unit's fp32 pieces into
-// the output (decode_kernel.cuh), so no separate kernel or launch is needed.
-// Each lane sums its columns in piece order, so the result does not depend
-// on which CTA merges or when.
+// Device code of the split-KV combine. The decode kernel's CTAs merge a
+// split unit's fp32 pieces into the output themselves (decode_kernel.cuh):
+// the pieces that end their CTAs' work share the merge, or the CTA that
+// finishes the last piece does it alone, so no separate kernel or launch is
+// needed. Each output element is summed the same way whoever merges it, so
+// the result does not depend on which CTA merges or when.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -18,11 +19,6 @@
 
 namespace hpc {
 namespace decode {
-
-constexpr int kMaxRows = limits::kMaxDecodeRows;  // rows of one unit
-constexpr int kPiecesInFlight = 16;
-constexpr int kLseChunks = 4;  // LSEs a lane holds in merge_split_row
-static_assert(32 % kPiecesInFlight == 0);
 
 __device__ __forceinline__ void store4(uint16_t* out, ElemType type, float4 v) {
   uint32_t lo, hi;
@@ -52,210 +48,111 @@ __device__ __forceinline__ uint16_t* output_row(const DecodeParams& p, int unit,
          static_cast<int64_t>(head) * p.out_head_stride;
 }
 
-// One warp merges row `row` of a unit split into `pieces` pieces whose
-// partial rows start at `first`. Lane l holds the LSEs of pieces l, l + 32,
-// ... (kLseChunks of them, loaded together: one load latency for up to
-// 32 kLseChunks pieces, whose weights then stay in registers), broadcasts
-// the weights, and keeps kPiecesInFlight partial-row loads in flight.
-// Each lane sums its columns in piece order. Partials are read through L2
-// (they were written by other CTAs).
-__device__ __forceinline__ void merge_split_row(const DecodeParams& p, int unit,
-                                                int first, int pieces, int row,
-                                                int head_dim, int lane) {
-  constexpr int kGroup = 32 * kLseChunks;  // pieces per pass of LSE loads
-  const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
-  const auto load_lse = [&](int g, float (&x)[kLseChunks]) {
-#pragma unroll
-    for (int k = 0; k < kLseChunks; ++k) {
-      const int i = g + 32 * k + lane;
-      x[k] = i < pieces ? __ldcg(lse + static_cast<int64_t>(i) * p.rows)
-                        : -INFINITY;
-    }
-  };
-  // Running max and sum of 2^lse over the lane's pieces, then over the warp.
-  float x[kLseChunks];
-  float m = -INFINITY, sum = 0.f;
-  for (int g = 0; g < pieces; g += kGroup) {
-    load_lse(g, x);
-#pragma unroll
-    for (int k = 0; k < kLseChunks; ++k) {
-      const float m_new = fmaxf(m, x[k]);
-      if (m_new != -INFINITY) {
-        sum = sum * exp2f(m - m_new) + exp2f(x[k] - m_new);
-      }
-      m = m_new;
-    }
-  }
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    const float m_other = __shfl_xor_sync(0xffffffffu, m, offset);
-    const float s_other = __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float m_new = fmaxf(m, m_other);
-    if (m_new != -INFINITY) {
-      sum = sum * exp2f(m - m_new) + s_other * exp2f(m_other - m_new);
-    }
+// The merge of one output element (a row's 4 channels) over a unit's
+// pieces is done by a group of merge_lanes(pieces) lanes: lane s takes
+// pieces s, s + lanes, ..., kPiecesPerLane loads in flight at a time, keeps
+// a running max and sum of 2^lse and the scaled sum of its partial rows,
+// and the group folds its lanes together (butterfly). The group size
+// depends on the piece count alone, so an element's sum, and the output
+// bits, do not depend on which CTA or thread merges it, nor on how many
+// CTAs share the unit's merge.
+constexpr int kPiecesPerLane = 8;
+
+__device__ __forceinline__ int merge_lanes(int pieces) {
+  int lanes = 1;
+  while (lanes < 32 && lanes * kPiecesPerLane < pieces) lanes *= 2;
+  return lanes;
+}
+
+struct MergeState {
+  float m = -INFINITY;  // running max of the lse (log2 domain)
+  float sum = 0.f;      // sum of 2^(lse - m)
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+
+  // Adds a state with max m_o, sum s_o and partial sum a_o.
+  __device__ __forceinline__ void fold(float m_o, float s_o, float4 a_o) {
+    const float m_new = fmaxf(m, m_o);
+    if (m_new == -INFINITY) return;
+    const float a = exp2f(m - m_new);
+    const float b = exp2f(m_o - m_new);
+    sum = sum * a + s_o * b;
+    acc.x = acc.x * a + a_o.x * b;
+    acc.y = acc.y * a + a_o.y * b;
+    acc.z = acc.z * a + a_o.z * b;
+    acc.w = acc.w * a + a_o.w * b;
     m = m_new;
   }
-  const float ref = m == -INFINITY ? 0.f : m;
-  const float inv = sum > 0.f ? 1.f / sum : 0.f;
-  // One group: its LSEs are still in x.
-  const bool one_group = pieces <= kGroup;
+};
 
-  uint16_t* out = output_row(p, unit, row);
-  const int quads = head_dim / 4;
-  for (int q0 = 0; q0 < quads; q0 += 32) {
-    const int quad = q0 + lane;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int g = 0; g < pieces; g += kGroup) {
-      if (!one_group) load_lse(g, x);
-      float w[kLseChunks];
-#pragma unroll
-      for (int k = 0; k < kLseChunks; ++k) {
-        w[k] = g + 32 * k + lane < pieces ? exp2f(x[k] - ref) * inv : 0.f;
-      }
-      const int n = min(kGroup, pieces - g);
-      for (int k0 = 0; k0 < n; k0 += kPiecesInFlight) {
-        // Issue all loads of the batch before the first use.
-        float4 v[kPiecesInFlight];
-#pragma unroll
-        for (int k = 0; k < kPiecesInFlight; ++k) {
-          v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-          if (k0 + k < n && quad < quads) {
-            v[k] = __ldcg(reinterpret_cast<const float4*>(
-                p.partial_out +
-                (static_cast<int64_t>(first + g + k0 + k) * p.rows + row) *
-                    head_dim +
-                4 * quad));
-          }
-        }
-        // The batch's weights are one register of the lanes (kPiecesInFlight
-        // divides 32), picked without indexing x by a runtime value.
-        float w_batch = w[0];
-#pragma unroll
-        for (int k = 1; k < kLseChunks; ++k) {
-          if (k0 >= 32 * k) w_batch = w[k];
-        }
-#pragma unroll
-        for (int k = 0; k < kPiecesInFlight; ++k) {
-          const float wk = __shfl_sync(0xffffffffu, w_batch, (k0 + k) & 31);
-          acc.x += wk * v[k].x;
-          acc.y += wk * v[k].y;
-          acc.z += wk * v[k].z;
-          acc.w += wk * v[k].w;
-        }
-      }
-    }
-    if (quad < quads) store4(out + 4 * quad, p.out_type, acc);
-  }
-}
-
-// Sums the weighted partial rows for kElems (row, 4-channel) elements per
-// thread, kPieces pieces per batch: all kElems x kPieces loads of a batch
-// are issued before the first use, so each thread keeps that many in flight.
-template <int kElems, int kPieces, int kThreads>
-__device__ __forceinline__ void merge_elements(
-    const DecodeParams& p, int unit, int first, int pieces, int head_dim,
-    const float* row_ref, const float* row_inv, int thread) {
-  const int quads = head_dim / 4;
-  const int elems = p.rows * quads;
-  const float* lse = p.partial_lse + static_cast<int64_t>(first) * p.rows;
-  const float* partial =
-      p.partial_out + static_cast<int64_t>(first) * p.rows * head_dim;
-  const int64_t piece_stride = static_cast<int64_t>(p.rows) * head_dim;
-  for (int e0 = thread; e0 < elems; e0 += kThreads * kElems) {
-    int row[kElems], quad[kElems];
-    float4 acc[kElems];
-#pragma unroll
-    for (int k = 0; k < kElems; ++k) {
-      const int e = min(e0 + k * kThreads, elems - 1);
-      row[k] = e / quads;
-      quad[k] = e % quads;
-      acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    for (int i0 = 0; i0 < pieces; i0 += kPieces) {
-      float4 v[kElems][kPieces];
-      float x[kElems][kPieces];
-#pragma unroll
-      for (int k = 0; k < kElems; ++k) {
-#pragma unroll
-        for (int j = 0; j < kPieces; ++j) {
-          const int i = min(i0 + j, pieces - 1);
-          x[k][j] =
-              i0 + j < pieces
-                  ? __ldcg(lse + static_cast<int64_t>(i) * p.rows + row[k])
-                  : -INFINITY;
-          v[k][j] = __ldcg(reinterpret_cast<const float4*>(
-              partial + i * piece_stride +
-              static_cast<int64_t>(row[k]) * head_dim + 4 * quad[k]));
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < kElems; ++k) {
-#pragma unroll
-        for (int j = 0; j < kPieces; ++j) {
-          const float w = exp2f(x[k][j] - row_ref[row[k]]) * row_inv[row[k]];
-          acc[k].x += w * v[k][j].x;
-          acc[k].y += w * v[k][j].y;
-          acc[k].z += w * v[k][j].z;
-          acc[k].w += w * v[k][j].w;
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kElems; ++k) {
-      if (e0 + k * kThreads < elems) {
-        store4(output_row(p, unit, row[k]) + 4 * quad[k], p.out_type, acc[k]);
-      }
-    }
-  }
-}
-
-// kThreads threads merge a unit split into `pieces` pieces whose partial
-// rows start at `first`. First every row's max and sum of 2^lse (one thread
-// per row), then the weighted sum, element-parallel; each element is summed
-// in piece order. Partials are read through L2 (other CTAs wrote them).
-// `row_stats` is shared memory for 2 x rows floats; `barrier` a named
-// barrier of the kThreads threads, `thread` this one's index among them.
+// kThreads threads (whole warps; this one is `thread`) merge elements
+// [begin, end) of a unit split into `pieces` pieces whose partial rows start
+// at `first`; element e is channels 4 (e % quads) .. of row e / quads.
+// Partials are read through L2 (other CTAs wrote them).
 template <int kThreads>
-__device__ __forceinline__ void merge_split_unit(const DecodeParams& p,
-                                                 int unit, int first,
-                                                 int pieces, int head_dim,
-                                                 float* row_stats, int barrier,
-                                                 int thread) {
-  constexpr int kBatch = 8;
-  const int row = thread;
-  if (row < p.rows) {
-    const float* lse =
-        p.partial_lse + static_cast<int64_t>(first) * p.rows + row;
-    float m = -INFINITY, sum = 0.f;
-    for (int i0 = 0; i0 < pieces; i0 += kBatch) {
-      float x[kBatch];
+__device__ __forceinline__ void merge_elements(const DecodeParams& p, int unit,
+                                               int first, int pieces,
+                                               int head_dim, int begin, int end,
+                                               int thread) {
+  const int lanes = merge_lanes(pieces);
+  const int groups = kThreads / lanes;
+  const int lane = thread % lanes;
+  const int quads = head_dim / 4;
+  const int64_t piece_rows = static_cast<int64_t>(p.rows);
+  // Every thread runs the same rounds: the butterfly takes whole warps.
+  for (int base = begin; base < end; base += groups) {
+    const int e = base + thread / lanes;
+    const bool active = e < end;
+    const int row = active ? e / quads : 0;
+    const int quad = active ? e % quads : 0;
+    const float* lse = p.partial_lse + first * piece_rows + row;
+    const float* partial =
+        p.partial_out + (first * piece_rows + row) * head_dim + 4 * quad;
+    MergeState state;
+    for (int j0 = lane; j0 < pieces; j0 += lanes * kPiecesPerLane) {
+      float x[kPiecesPerLane];
+      float4 v[kPiecesPerLane];
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        x[j] = i0 + j < pieces
-                   ? __ldcg(lse + static_cast<int64_t>(i0 + j) * p.rows)
-                   : -INFINITY;
+      for (int j = 0; j < kPiecesPerLane; ++j) {
+        const int i = j0 + j * lanes;
+        const bool load = active && i < pieces;
+        x[j] = load ? __ldcg(lse + i * piece_rows) : -INFINITY;
+        v[j] = load ? __ldcg(reinterpret_cast<const float4*>(
+                          partial + i * piece_rows * head_dim))
+                    : make_float4(0.f, 0.f, 0.f, 0.f);
       }
+      float m_chunk = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const float m_new = fmaxf(m, x[j]);
-        if (m_new != -INFINITY) {
-          sum = sum * exp2f(m - m_new) + exp2f(x[j] - m_new);
-        }
-        m = m_new;
+      for (int j = 0; j < kPiecesPerLane; ++j) m_chunk = fmaxf(m_chunk, x[j]);
+      if (m_chunk == -INFINITY) continue;
+      MergeState chunk;
+      chunk.m = m_chunk;
+#pragma unroll
+      for (int j = 0; j < kPiecesPerLane; ++j) {
+        const float w = exp2f(x[j] - m_chunk);
+        chunk.sum += w;
+        chunk.acc.x += w * v[j].x;
+        chunk.acc.y += w * v[j].y;
+        chunk.acc.z += w * v[j].z;
+        chunk.acc.w += w * v[j].w;
       }
+      state.fold(chunk.m, chunk.sum, chunk.acc);
     }
-    row_stats[row] = m == -INFINITY ? 0.f : m;
-    row_stats[kMaxRows + row] = sum > 0.f ? 1.f / sum : 0.f;
-  }
-  named_barrier_sync(barrier, kThreads);
-  // Few elements per thread (few rows): go deep in pieces; many: go wide.
-  if (p.rows * (head_dim / 4) <= 2 * kThreads) {
-    merge_elements<2, 8, kThreads>(p, unit, first, pieces, head_dim, row_stats,
-                                   row_stats + kMaxRows, thread);
-  } else {
-    merge_elements<4, 4, kThreads>(p, unit, first, pieces, head_dim, row_stats,
-                                   row_stats + kMaxRows, thread);
+    for (int offset = lanes / 2; offset > 0; offset /= 2) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, state.m, offset);
+      const float s_o = __shfl_xor_sync(0xffffffffu, state.sum, offset);
+      float4 a_o;
+      a_o.x = __shfl_xor_sync(0xffffffffu, state.acc.x, offset);
+      a_o.y = __shfl_xor_sync(0xffffffffu, state.acc.y, offset);
+      a_o.z = __shfl_xor_sync(0xffffffffu, state.acc.z, offset);
+      a_o.w = __shfl_xor_sync(0xffffffffu, state.acc.w, offset);
+      state.fold(m_o, s_o, a_o);
+    }
+    if (active && lane == 0) {
+      const float inv = state.sum > 0.f ? 1.f / state.sum : 0.f;
+      store4(output_row(p, unit, row) + 4 * quad, p.out_type,
+             make_float4(state.acc.x * inv, state.acc.y * inv,
+                         state.acc.z * inv, state.acc.w * inv));
+    }
   }
 }
 
@@ -276,39 +173,49 @@ __device__ __forceinline__ void zero_empty_units(const DecodeParams& p,
   }
 }
 
-// Split units with at most this many pieces are merged element-parallel.
-constexpr int kFewPieces = 16;
-
-// Publishes a finished piece of a split unit; the CTA that finishes the
-// unit's last piece merges all of them (threadfence-reduction pattern: the
-// per-unit counter is reset by the merging CTA, ready for the next launch).
-// Called by the kThreads threads of named barrier `barrier` (whole warps;
-// this one is `thread` among them); `row_stats` is shared memory
-// (merge_split_unit).
+// Publishes a finished piece of a split unit and takes its part in the
+// unit's merge. Called by the kThreads threads of named barrier `barrier`
+// (whole warps; this one is `thread` among them) after the piece's partial
+// rows are stored.
+//
+// The unit's counter counts its finished pieces, then its merged slices.
+// When the unit has mergers (WorkItem::mergers) and the grid is resident,
+// each of its first `mergers` pieces, the last item of its CTA, waits until
+// every piece is in and merges one slice of the unit's elements, so the
+// merge is spread over those CTAs; the merger that counts the last slice
+// resets the counter for the next launch. Otherwise the CTA that finishes
+// the last piece merges alone and resets it (threadfence-reduction pattern).
 template <int kThreads>
-__device__ __forceinline__ void combine_if_last(const DecodeParams& p,
-                                                const WorkItem& item,
-                                                int head_dim, float* row_stats,
-                                                int barrier, int thread) {
-  __threadfence();
+__device__ __forceinline__ void combine_pieces(const DecodeParams& p,
+                                               const WorkItem& item,
+                                               int head_dim, int barrier,
+                                               int thread) {
+  __threadfence();  // this piece's partial rows before its count
   named_barrier_sync(barrier, kThreads);
-  const bool last = thread == 0 && atomicAdd(&p.piece_counters[item.unit], 1) ==
-                                       item.pieces - 1;
-  if (named_barrier_sync_or(barrier, kThreads, last)) {
-    __threadfence();
-    if (item.pieces <= kFewPieces) {
-      // Few pieces: every thread takes (row, channel) elements of all rows.
-      merge_split_unit<kThreads>(p, item.unit, item.first_partial, item.pieces,
-                                 head_dim, row_stats, barrier, thread);
-    } else {
-      // Many pieces: a warp per row, 32 pieces' weights per LSE load.
-      const int warp = thread / 32;
-      for (int row = warp; row < p.rows; row += kThreads / 32) {
-        merge_split_row(p, item.unit, item.first_partial, item.pieces, row,
-                        head_dim, thread % 32);
+  int32_t* counter = p.piece_counters + item.unit;
+  const int elems = p.rows * (head_dim / 4);
+  const int mergers = p.grid_resident ? item.mergers : 0;
+  const int piece = item.partial_row - item.first_partial;
+  if (piece < mergers) {
+    if (thread == 0) {
+      atomicAdd(counter, 1);
+      while (load_acquire(counter) < item.pieces) {
       }
+      // Every merger passed its wait when the slices' count is full.
+      if (atomicAdd(counter, 1) == item.pieces + mergers - 1) *counter = 0;
     }
-    if (thread == 0) p.piece_counters[item.unit] = 0;
+    named_barrier_sync(barrier, kThreads);
+    merge_elements<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                             head_dim, piece * elems / mergers,
+                             (piece + 1) * elems / mergers, thread);
+    return;
+  }
+  const bool last = thread == 0 && atomicAdd(counter, 1) == item.pieces - 1;
+  if (mergers == 0 && named_barrier_sync_or(barrier, kThreads, last)) {
+    __threadfence();
+    merge_elements<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                             head_dim, 0, elems, thread);
+    if (thread == 0) *counter = 0;
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "attention/common/paged_kv_tma.h"
 #include "attention/decode/decode_kernel.cuh"
+#include "common/device_info.h"
 #include "kernel_limits.h"
 
 namespace hpc {
@@ -26,10 +27,13 @@ int decode_ctas_per_sm(int head_dim) {
   return kDecodeCtasPerSm;
 }
 
-void decode_attention(const DecodeParams& params, int head_dim,
-                      ElemType kv_type, const PagedCacheView& k_cache,
+void decode_attention(const DecodeParams& call, int head_dim, ElemType kv_type,
+                      const PagedCacheView& k_cache,
                       const PagedCacheView& v_cache, int grid,
                       cudaStream_t stream) {
+  DecodeParams params = call;
+  params.grid_resident =
+      grid <= kDecodeCtasPerSm * current_device_info().sm_count;
   const CUtensorMap k_map = paged_cache_map(
       k_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
   const CUtensorMap v_map = paged_cache_map(

@@ -10,7 +10,9 @@
 // run swap-AB on wgmma: the 64 keys of a KV tile are the M side and the
 // unit's rows the N side (decode_config.cuh). A unit that is not split
 // writes its output directly; a piece of a split unit writes fp32 O and
-// LSE rows, which the CTA that finishes the unit's last piece merges.
+// LSE rows, which the CTAs whose last item is one of the unit's pieces
+// merge together once every piece is in (or the CTA that finishes the
+// last piece alone; combine.cuh).
 //
 // One persistent CTA per SM of three warpgroups: the producer warpgroup
 // gives up registers (warp 0 copies; for FP8 caches warps 1..3 transpose
@@ -57,7 +59,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
   extern __shared__ uint8_t decode_smem_raw[];
   uint8_t* smem = align_shared<1024>(decode_smem_raw);
   __shared__ DecodeBarriers<Config> bar;
-  __shared__ float row_stats[2 * kMaxRows];
   constexpr int kConsumers =
       static_cast<int>(attention::DecodeBarrier::kConsumers);
 
@@ -116,8 +117,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
                      parity);
     store_item<Config>(p, item, g, smem, acc_o, softmax, parity);
     if (item.pieces > 1) {
-      combine_if_last<kWgmmaConsumerThreads>(p, item, Config::kHeadDim,
-                                             row_stats, kConsumers, thread);
+      combine_pieces<kWgmmaConsumerThreads>(p, item, Config::kHeadDim,
+                                            kConsumers, thread);
     }
     it += item.tile_end - item.tile_begin;
   }

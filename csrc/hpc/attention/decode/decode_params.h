@@ -39,9 +39,13 @@ struct DecodeParams {
   PlanLayout layout;
   float* partial_out;  // [partial rows, rows, head_size]
   float* partial_lse;  // [partial rows, rows], log2 domain
-  // Pieces finished per unit; zero between launches (the merging CTA
-  // resets its unit's counter).
+  // Per unit: pieces finished, then merge slices done; zero between
+  // launches (the CTA that ends the unit's merge resets it, combine.cuh).
   int32_t* piece_counters;
+  // Every CTA of the grid is resident at once (the grid fits the device,
+  // set at launch): only then may a CTA wait for others, as the pieces that
+  // share a unit's merge do (WorkItem::mergers).
+  bool grid_resident;
 
   int batch;
   int num_kv_heads;

@@ -72,7 +72,7 @@ enum CtaItemField : int {
   kItemPieces,
   kItemFirstPartial,
   kItemPartialRow,
-  kItemSpare,  // reserved, 0
+  kItemMergers,
   kItemWords = 8,
 };
 
@@ -228,7 +228,28 @@ struct WorkItem {
   int pieces;         // pieces of the unit (1: written directly)
   int first_partial;  // partial row of the unit's first piece (split units)
   int partial_row;    // partial row of this piece (split units)
+  int mergers;        // the unit's first pieces that share its merge
 };
+
+// The pieces that share the merge of a unit cut into `pieces` pieces over
+// granules [first, last): the first `mergers` pieces, each the last work
+// item of its CTA, which waits for the unit's other pieces and then merges
+// a slice of its rows (combine.cuh) instead of leaving the whole merge to
+// the CTA that finishes last. Balanced: every piece but the last ends its
+// CTA's range (the unit goes on into the next CTA), and the last does when
+// the unit ends where its CTA's range does. Other modes: every piece when
+// each CTA holds one granule, else none (the last CTA merges alone).
+HPC_HOST_DEVICE int unit_mergers(int first, int last, int pieces,
+                                 int64_t total_granules, int num_ctas,
+                                 SplitMode mode) {
+  if (pieces <= 1) return 0;
+  if (mode != SplitMode::kBalanced) {
+    return num_ctas >= total_granules ? pieces : 0;
+  }
+  const int c = cta_of(last - 1, total_granules, num_ctas);
+  const bool ends_cta = cta_begin(c + 1, total_granules, num_ctas) == last;
+  return pieces - 1 + (ends_cta ? 1 : 0);
+}
 
 // What resolving a work item reads besides the CTA's position: the plan's
 // unit arrays (already written), its scalars and the lengths. The kernel
@@ -273,6 +294,8 @@ HPC_HOST_DEVICE int resolve_item(const ItemSource& s, int cta, int x, int end,
   const int piece = balanced ? cta - cta_of(first, s.total, s.num_ctas) : g0;
   item.first_partial = s.plan[s.layout.unit_first_partial() + unit];
   item.partial_row = item.first_partial + piece;
+  item.mergers =
+      unit_mergers(first, last, item.pieces, s.total, s.num_ctas, s.mode);
   return first + g1;
 }
 
@@ -289,7 +312,7 @@ HPC_HOST_DEVICE void store_cta_item(int32_t* plan, const PlanLayout& layout,
   d[kItemPieces] = item ? item->pieces : 0;
   d[kItemFirstPartial] = item ? item->first_partial : -1;
   d[kItemPartialRow] = item ? item->partial_row : -1;
-  d[kItemSpare] = 0;
+  d[kItemMergers] = item ? item->mergers : 0;
 }
 
 // What a workspace must hold to serve every step of up to `max_batch`

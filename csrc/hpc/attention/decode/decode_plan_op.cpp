@@ -34,7 +34,7 @@ constexpr FieldName<decode::CtaItemField> kItemNames[] = {
     {decode::kItemPieces, "pieces"},
     {decode::kItemFirstPartial, "first_partial"},
     {decode::kItemPartialRow, "partial_row"},
-    {decode::kItemSpare, "spare"},
+    {decode::kItemMergers, "mergers"},
 };
 static_assert(names_every_field(kItemNames, decode::kItemWords),
               "kItemNames must name every CtaItemField, in order");

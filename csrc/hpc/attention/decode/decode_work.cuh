@@ -53,12 +53,12 @@ class WorkCursor {
     static_assert(kItemUnit == 0 && kItemKvLen == 1 && kItemTileBegin == 2 &&
                   kItemTileEnd == 3 && kItemPieces == 4 &&
                   kItemFirstPartial == 5 && kItemPartialRow == 6 &&
-                  kItemWords == 8);
+                  kItemMergers == 7 && kItemWords == 8);
     if (lo.x < 0) {
       state_ = State::kDone;
       return false;
     }
-    item = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z};
+    item = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     unit_ = lo.x;
     state_ = State::kSecond;
     return true;
