@@ -86,9 +86,11 @@ struct MergeState {
 
 // kThreads threads (whole warps; this one is `thread`) merge elements
 // [begin, end) of a unit split into `pieces` pieces whose partial rows start
-// at `first`; element e is channels 4 (e % quads) .. of row e / quads.
+// at `first`; element e is channels 4 (e % quads) .. of row e / quads. A
+// thread takes kElems elements per round, each with kSlots pieces' loads in
+// flight (kSlots >= the lane's pieces per pass, or kPiecesPerLane).
 // Partials are read through L2 (other CTAs wrote them).
-template <int kThreads>
+template <int kThreads, int kElems, int kSlots>
 __device__ __forceinline__ void merge_elements(const DecodeParams& p, int unit,
                                                int first, int pieces,
                                                int head_dim, int begin, int end,
@@ -99,60 +101,89 @@ __device__ __forceinline__ void merge_elements(const DecodeParams& p, int unit,
   const int quads = head_dim / 4;
   const int64_t piece_rows = static_cast<int64_t>(p.rows);
   // Every thread runs the same rounds: the butterfly takes whole warps.
-  for (int base = begin; base < end; base += groups) {
-    const int e = base + thread / lanes;
-    const bool active = e < end;
-    const int row = active ? e / quads : 0;
-    const int quad = active ? e % quads : 0;
-    const float* lse = p.partial_lse + first * piece_rows + row;
-    const float* partial =
-        p.partial_out + (first * piece_rows + row) * head_dim + 4 * quad;
-    MergeState state;
-    for (int j0 = lane; j0 < pieces; j0 += lanes * kPiecesPerLane) {
-      float x[kPiecesPerLane];
-      float4 v[kPiecesPerLane];
+  for (int base = begin; base < end; base += groups * kElems) {
+    MergeState state[kElems];
 #pragma unroll
-      for (int j = 0; j < kPiecesPerLane; ++j) {
-        const int i = j0 + j * lanes;
-        const bool load = active && i < pieces;
-        x[j] = load ? __ldcg(lse + i * piece_rows) : -INFINITY;
-        v[j] = load ? __ldcg(reinterpret_cast<const float4*>(
-                          partial + i * piece_rows * head_dim))
-                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < kElems; ++k) {
+      const int e = base + k * groups + thread / lanes;
+      const bool active = e < end;
+      const int row = active ? e / quads : 0;
+      const float* lse = p.partial_lse + first * piece_rows + row;
+      const float* partial = p.partial_out +
+                             (first * piece_rows + row) * head_dim +
+                             4 * (active ? e % quads : 0);
+      for (int j0 = lane; j0 < pieces; j0 += lanes * kSlots) {
+        float x[kSlots];
+        float4 v[kSlots];
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+          const int i = j0 + j * lanes;
+          const bool load = active && i < pieces;
+          x[j] = load ? __ldcg(lse + i * piece_rows) : -INFINITY;
+          v[j] = load ? __ldcg(reinterpret_cast<const float4*>(
+                            partial + i * piece_rows * head_dim))
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        float m_chunk = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) m_chunk = fmaxf(m_chunk, x[j]);
+        if (m_chunk == -INFINITY) continue;
+        MergeState chunk;
+        chunk.m = m_chunk;
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+          const float w = exp2f(x[j] - m_chunk);
+          chunk.sum += w;
+          chunk.acc.x += w * v[j].x;
+          chunk.acc.y += w * v[j].y;
+          chunk.acc.z += w * v[j].z;
+          chunk.acc.w += w * v[j].w;
+        }
+        state[k].fold(chunk.m, chunk.sum, chunk.acc);
       }
-      float m_chunk = -INFINITY;
+    }
 #pragma unroll
-      for (int j = 0; j < kPiecesPerLane; ++j) m_chunk = fmaxf(m_chunk, x[j]);
-      if (m_chunk == -INFINITY) continue;
-      MergeState chunk;
-      chunk.m = m_chunk;
-#pragma unroll
-      for (int j = 0; j < kPiecesPerLane; ++j) {
-        const float w = exp2f(x[j] - m_chunk);
-        chunk.sum += w;
-        chunk.acc.x += w * v[j].x;
-        chunk.acc.y += w * v[j].y;
-        chunk.acc.z += w * v[j].z;
-        chunk.acc.w += w * v[j].w;
+    for (int k = 0; k < kElems; ++k) {
+      for (int offset = lanes / 2; offset > 0; offset /= 2) {
+        const float m_o = __shfl_xor_sync(0xffffffffu, state[k].m, offset);
+        const float s_o = __shfl_xor_sync(0xffffffffu, state[k].sum, offset);
+        float4 a_o;
+        a_o.x = __shfl_xor_sync(0xffffffffu, state[k].acc.x, offset);
+        a_o.y = __shfl_xor_sync(0xffffffffu, state[k].acc.y, offset);
+        a_o.z = __shfl_xor_sync(0xffffffffu, state[k].acc.z, offset);
+        a_o.w = __shfl_xor_sync(0xffffffffu, state[k].acc.w, offset);
+        state[k].fold(m_o, s_o, a_o);
       }
-      state.fold(chunk.m, chunk.sum, chunk.acc);
+      const int e = base + k * groups + thread / lanes;
+      if (e < end && lane == 0) {
+        const float inv = state[k].sum > 0.f ? 1.f / state[k].sum : 0.f;
+        const float4 acc = state[k].acc;
+        store4(output_row(p, unit, e / quads) + 4 * (e % quads), p.out_type,
+               make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv));
+      }
     }
-    for (int offset = lanes / 2; offset > 0; offset /= 2) {
-      const float m_o = __shfl_xor_sync(0xffffffffu, state.m, offset);
-      const float s_o = __shfl_xor_sync(0xffffffffu, state.sum, offset);
-      float4 a_o;
-      a_o.x = __shfl_xor_sync(0xffffffffu, state.acc.x, offset);
-      a_o.y = __shfl_xor_sync(0xffffffffu, state.acc.y, offset);
-      a_o.z = __shfl_xor_sync(0xffffffffu, state.acc.z, offset);
-      a_o.w = __shfl_xor_sync(0xffffffffu, state.acc.w, offset);
-      state.fold(m_o, s_o, a_o);
-    }
-    if (active && lane == 0) {
-      const float inv = state.sum > 0.f ? 1.f / state.sum : 0.f;
-      store4(output_row(p, unit, row) + 4 * quad, p.out_type,
-             make_float4(state.acc.x * inv, state.acc.y * inv,
-                         state.acc.z * inv, state.acc.w * inv));
-    }
+  }
+}
+
+// merge_elements with the most loads in flight for the piece count: one
+// lane per element up to 4 pieces, taking 4 or 2 elements at once; else
+// kPiecesPerLane pieces per lane. The slots past a lane's pieces add
+// zeros, so every choice sums an element the same way.
+template <int kThreads>
+__device__ __forceinline__ void merge_unit_elements(const DecodeParams& p,
+                                                    int unit, int first,
+                                                    int pieces, int head_dim,
+                                                    int begin, int end,
+                                                    int thread) {
+  if (pieces <= 2) {
+    merge_elements<kThreads, 4, 2>(p, unit, first, pieces, head_dim, begin, end,
+                                   thread);
+  } else if (pieces <= 4) {
+    merge_elements<kThreads, 2, 4>(p, unit, first, pieces, head_dim, begin, end,
+                                   thread);
+  } else {
+    merge_elements<kThreads, 1, kPiecesPerLane>(p, unit, first, pieces,
+                                                head_dim, begin, end, thread);
   }
 }
 
@@ -179,22 +210,25 @@ __device__ __forceinline__ void zero_empty_units(const DecodeParams& p,
 // rows are stored.
 //
 // The unit's counter counts its finished pieces, then its merged slices.
-// When the unit has mergers (WorkItem::mergers) and the grid is resident,
+// When the unit has mergers (`item_mergers`, the item's WorkItem::mergers)
+// and the grid is resident,
 // each of its first `mergers` pieces, the last item of its CTA, waits until
 // every piece is in and merges one slice of the unit's elements, so the
 // merge is spread over those CTAs; the merger that counts the last slice
 // resets the counter for the next launch. Otherwise the CTA that finishes
 // the last piece merges alone and resets it (threadfence-reduction pattern).
+// Not inlined: it runs once per item, and kept apart its registers and
+// branches do not weigh on the consumer mainloop's code.
 template <int kThreads>
-__device__ __forceinline__ void combine_pieces(const DecodeParams& p,
-                                               const WorkItem& item,
-                                               int head_dim, int barrier,
-                                               int thread) {
+__device__ __noinline__ void combine_pieces(const DecodeParams& p,
+                                            const WorkItem& item,
+                                            int item_mergers, int head_dim,
+                                            int barrier, int thread) {
   __threadfence();  // this piece's partial rows before its count
   named_barrier_sync(barrier, kThreads);
   int32_t* counter = p.piece_counters + item.unit;
   const int elems = p.rows * (head_dim / 4);
-  const int mergers = p.grid_resident ? item.mergers : 0;
+  const int mergers = p.grid_resident ? item_mergers : 0;
   const int piece = item.partial_row - item.first_partial;
   if (piece < mergers) {
     if (thread == 0) {
@@ -205,16 +239,16 @@ __device__ __forceinline__ void combine_pieces(const DecodeParams& p,
       if (atomicAdd(counter, 1) == item.pieces + mergers - 1) *counter = 0;
     }
     named_barrier_sync(barrier, kThreads);
-    merge_elements<kThreads>(p, item.unit, item.first_partial, item.pieces,
-                             head_dim, piece * elems / mergers,
-                             (piece + 1) * elems / mergers, thread);
+    merge_unit_elements<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                                  head_dim, piece * elems / mergers,
+                                  (piece + 1) * elems / mergers, thread);
     return;
   }
   const bool last = thread == 0 && atomicAdd(counter, 1) == item.pieces - 1;
   if (mergers == 0 && named_barrier_sync_or(barrier, kThreads, last)) {
     __threadfence();
-    merge_elements<kThreads>(p, item.unit, item.first_partial, item.pieces,
-                             head_dim, 0, elems, thread);
+    merge_unit_elements<kThreads>(p, item.unit, item.first_partial, item.pieces,
+                                  head_dim, 0, elems, thread);
     if (thread == 0) *counter = 0;
   }
 }

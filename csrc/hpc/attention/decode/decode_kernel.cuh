@@ -59,6 +59,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
   extern __shared__ uint8_t decode_smem_raw[];
   uint8_t* smem = align_shared<1024>(decode_smem_raw);
   __shared__ DecodeBarriers<Config> bar;
+  // The item's mergers (WorkItem::mergers), which only its merge reads: kept
+  // here through the mainloop rather than in a register there.
+  __shared__ int item_mergers;
   constexpr int kConsumers =
       static_cast<int>(attention::DecodeBarrier::kConsumers);
 
@@ -108,6 +111,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
   while (cursor.next(item)) {
     // Both warpgroups are done with the previous item's queries.
     named_barrier_sync(kConsumers, kWgmmaConsumerThreads);
+    if (thread == 0) item_mergers = item.mergers;
     load_queries<Config>(p, item, smem, thread);
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(kConsumers, kWgmmaConsumerThreads);
@@ -117,8 +121,8 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
                      parity);
     store_item<Config>(p, item, g, smem, acc_o, softmax, parity);
     if (item.pieces > 1) {
-      combine_pieces<kWgmmaConsumerThreads>(p, item, Config::kHeadDim,
-                                            kConsumers, thread);
+      combine_pieces<kWgmmaConsumerThreads>(
+          p, item, item_mergers, Config::kHeadDim, kConsumers, thread);
     }
     it += item.tile_end - item.tile_begin;
   }

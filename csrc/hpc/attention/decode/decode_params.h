@@ -42,10 +42,6 @@ struct DecodeParams {
   // Per unit: pieces finished, then merge slices done; zero between
   // launches (the CTA that ends the unit's merge resets it, combine.cuh).
   int32_t* piece_counters;
-  // Every CTA of the grid is resident at once (the grid fits the device,
-  // set at launch): only then may a CTA wait for others, as the pieces that
-  // share a unit's merge do (WorkItem::mergers).
-  bool grid_resident;
 
   int batch;
   int num_kv_heads;
@@ -57,6 +53,10 @@ struct DecodeParams {
   const float* k_scale;  // FP8 KV: per-tensor scales (device scalars)
   const float* v_scale;
   float softcap;  // 0: none
+  // Every CTA of the grid is resident at once (the grid fits the device,
+  // set at launch): only then may a CTA wait for others, as the pieces that
+  // share a unit's merge do (WorkItem::mergers).
+  bool grid_resident;
   // The sliding window is the plan's (plan[kWindow]): it is stated once, by
   // the planner that cut the tiles it leaves out.
 };
