@@ -230,6 +230,20 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
   Tensor tSrQResidual = thr_s.partition_fragment_B(sQResidual(_, _, q_part));
   Tensor tOrV = thr_o.partition_fragment_A(sVt);  // stage last
   Tensor tOrP = thr_o.partition_fragment_B(sP);   // (V, N, K)
+  // The P^T stores' shared-memory addresses in 32-bit integer math: the
+  // layout's swizzle applied to the absolute address, as wgmma reads it
+  // (taking &sP(column, key) would swizzle 64-bit generic pointers in the
+  // tile loop).
+  const uint32_t p_base =
+      cast_smem_ptr_to_uint(smem + Config::kPOffset + g.wg * Config::kPBytes);
+  const auto p_address = [p_base](int column, int key) -> uint32_t {
+    constexpr auto swizzle =
+        get_swizzle_portion(typename Config::SmemLayoutP{});
+    constexpr auto linear =
+        get_nonswizzle_portion(typename Config::SmemLayoutP{});
+    return swizzle(p_base + static_cast<uint32_t>(linear(column, key)) *
+                                static_cast<uint32_t>(sizeof(Element)));
+  };
   Tensor acc_s = partition_fragment_C(
       mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
   Tensor acc_s_residual = partition_fragment_C(
@@ -308,15 +322,12 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
       for (int i = 0; i < size(acc_s); ++i) {
         int key = 16 * warp + lane / 4 + 8 * attention::row_half_of(i);
         key = (key & ~15) | attention::position_of_prob_key(key & 15);
-        store_shared_byte(cast_smem_ptr_to_uint(
-                              &sP(attention::fragment_column(i, lane), key)),
+        store_shared_byte(p_address(attention::fragment_column(i, lane), key),
                           Element(acc_s(i)).storage);
       }
     } else {
       attention::store_probs_transposed<Element, Config::kWgRows>(
-          acc_s, warp, lane, [&](int column, int key) {
-            return cast_smem_ptr_to_uint(&sP(column, key));
-          });
+          acc_s, warp, lane, p_address);
     }
 
     const auto v = RingState<Config::kVStages>::of(it);
