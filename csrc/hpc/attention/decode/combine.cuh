@@ -15,7 +15,6 @@
 #include "attention/decode/decode_params.h"
 #include "attention/decode/decode_plan.h"
 #include "common/sync.cuh"
-#include "kernel_limits.h"
 
 namespace hpc {
 namespace decode {
@@ -211,12 +210,12 @@ __device__ __forceinline__ void zero_empty_units(const DecodeParams& p,
 //
 // The unit's counter counts its finished pieces, then its merged slices.
 // When the unit has mergers (`item_mergers`, the item's WorkItem::mergers)
-// and the grid is resident,
-// each of its first `mergers` pieces, the last item of its CTA, waits until
-// every piece is in and merges one slice of the unit's elements, so the
-// merge is spread over those CTAs; the merger that counts the last slice
-// resets the counter for the next launch. Otherwise the CTA that finishes
-// the last piece merges alone and resets it (threadfence-reduction pattern).
+// and the grid is resident, each of its first `mergers` pieces, the last
+// item of its CTA, waits until every piece is in and merges one slice of
+// the unit's elements, so the merge is spread over those CTAs; the merger
+// that counts the last slice resets the counter for the next launch.
+// Otherwise the CTA that finishes the last piece merges alone and resets it
+// (threadfence-reduction pattern).
 // Not inlined: it runs once per item, and kept apart its registers and
 // branches do not weigh on the consumer mainloop's code.
 template <int kThreads>

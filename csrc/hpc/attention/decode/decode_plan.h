@@ -156,10 +156,11 @@ HPC_HOST_DEVICE int unit_granules(int tiles, SplitMode mode, int split_tiles) {
 }
 
 // Balanced mode: the fewest tiles a CTA's range should hold so that merging
-// the longest unit does not outweigh its pieces. The CTA that finishes a
-// split unit's last piece reads every piece's partial rows alone (rows x
-// head size fp32 each, combine.cuh), while a piece streams its tiles' K and
-// V (2 x 64 x head size x kv_elem_bytes bytes each). A unit of T tiles in
+// the longest unit does not outweigh its pieces. A split unit's merge reads
+// every piece's partial rows (rows x head size fp32 each, combine.cuh;
+// shared by its mergers or done by one CTA), while a piece streams its
+// tiles' K and V (2 x 64 x head size x kv_elem_bytes bytes each). A unit of
+// T tiles in
 // pieces of S tiles reads T / S partials in its merge; the merge's bytes stay
 // at most kMergeBytesPerPieceByte times a piece's KV bytes when
 //   S^2 >= kMergeBytesPerPieceByte^-1 x T x rows x 4 / (128 x kv_elem_bytes).
