@@ -160,9 +160,9 @@ HPC_HOST_DEVICE int unit_granules(int tiles, SplitMode mode, int split_tiles) {
 // every piece's partial rows (rows x head size fp32 each, combine.cuh;
 // shared by its mergers or done by one CTA), while a piece streams its
 // tiles' K and V (2 x 64 x head size x kv_elem_bytes bytes each). A unit of
-// T tiles in
-// pieces of S tiles reads T / S partials in its merge; the merge's bytes stay
-// at most kMergeBytesPerPieceByte times a piece's KV bytes when
+// T tiles in pieces of S tiles reads T / S partials in its merge; the
+// merge's bytes stay at most kMergeBytesPerPieceByte times a piece's KV
+// bytes when
 //   S^2 >= kMergeBytesPerPieceByte^-1 x T x rows x 4 / (128 x kv_elem_bytes).
 // Rows here are the unit's query rows (query tokens x query heads per KV
 // head). Returns that least S (0 when the units are short enough that the
