@@ -32,7 +32,7 @@ over the others. Writes ``benchmarks/results/benchmark_e2e.json`` (and under
 
 usage: python benchmarks/benchmark_e2e.py [--models hy3] [--kv bf16,fp8]
            [--backends HPC_ATTN,TRITON_ATTN,FLASH_ATTN] [--layers 2] [--out DIR]
-           [--profile]
+           [--profile [--trace]]
 
 ``--profile`` records, per run, the kernels that took the most device time in
 four decode steps (``decode_kernels`` in ``runs.json``), the device time of
@@ -43,6 +43,9 @@ backend's step time goes against another's; the decode records then carry
 attention kernels per layer (``ATTENTION_KERNELS``), and
 ``fused_prologue_calls_per_layer``, the launches of the fused prologue's
 kernel per layer and step (1 where HpcRopeNorm or a fusion pass fused it).
+With ``--trace`` the profiled steps' timeline is written too, one gzipped
+Chrome trace per run in the output directory: the order of the host's work
+and the kernels within a step, which the tables do not keep.
 """
 
 from __future__ import annotations
@@ -196,11 +199,13 @@ def _reinit_weights(worker: Any, seed: int) -> int:
 
 
 def _step_until_done(
-    engine: Any, profile_steps: range = range(0)
+    engine: Any, profile_steps: range = range(0), trace: Path | None = None
 ) -> tuple[list[float], dict[str, Any] | None]:
     """Steps the engine until its requests finish: the seconds of each step,
     and the profile of the steps whose index is in ``profile_steps`` (those
-    run under the profiler and are not timed: the profiler slows them)."""
+    run under the profiler and are not timed: the profiler slows them).
+    ``trace``: where the profiled steps' timeline goes as a gzipped Chrome
+    trace (host operators and kernels in order, which the tables lose)."""
     import torch
 
     times: list[float] = []
@@ -225,8 +230,21 @@ def _step_until_done(
         if profiler is not None and step == profile_steps.stop:
             profiler.stop()
             kernels = _kernel_table(profiler, len(profile_steps))
+            if trace is not None:
+                _write_trace(profiler, trace)
             profiler = None
     return times, kernels
+
+
+def _write_trace(profiler: Any, path: Path) -> None:
+    import gzip
+    import shutil
+
+    raw = path.with_suffix("")  # the profiler writes plain JSON
+    profiler.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
 
 
 PROFILE_KERNELS = 25
@@ -292,10 +310,17 @@ def _has_vllm_compiled_ops() -> bool:
 
 
 def run_one(
-    model: str, kv: str, backend: str, layers: int, path: Path, profile: bool
+    model: str,
+    kv: str,
+    backend: str,
+    layers: int,
+    path: Path,
+    profile: bool,
+    trace_dir: Path | None = None,
 ) -> None:
     """Builds the LLM, measures, and writes the result to ``path``;
-    ``profile``: also the kernels of a few decode steps."""
+    ``profile``: also the kernels of a few decode steps, and with
+    ``trace_dir`` their timeline (``<model>-<kv>-<backend>.trace.json.gz``)."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -381,7 +406,12 @@ def run_one(
         engine.add_request(f"decode-{i}", _prompt(rng, n), params)
     # Profiled: a few steps just before the timed ones end, all decodes.
     profiled = range(DECODE_STEPS - 8, DECODE_STEPS - 4) if profile else range(0)
-    steps, profile_table = _step_until_done(engine, profiled)
+    trace = (
+        trace_dir / f"{model}-{kv}-{backend}.trace.json.gz"
+        if profile and trace_dir is not None
+        else None
+    )
+    steps, profile_table = _step_until_done(engine, profiled, trace)
     result["decode_step_us"] = statistics.median(steps[-TIMED_DECODE_STEPS:]) * 1e6
     if profile_table is not None:
         result["decode_kernels"] = profile_table["kernels"]
@@ -510,14 +540,30 @@ def main() -> None:
         action="store_true",
         help="record the kernels of a few decode steps in runs.json",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="with --profile: also their timeline, as gzipped Chrome traces "
+        "in the output directory",
+    )
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "KV", "BACKEND", "PATH"))
     args = parser.parse_args()
     if args.one:
         model, kv, backend, path = args.one
-        run_one(model, kv, backend, args.layers, Path(path), args.profile)
+        run_one(
+            model,
+            kv,
+            backend,
+            args.layers,
+            Path(path),
+            args.profile,
+            args.out if args.trace else None,
+        )
         return
     if not 2 <= args.layers <= 4:
         parser.error("--layers: 2..4")
+    if args.trace and not args.profile:
+        parser.error("--trace records the profiled steps: it needs --profile")
     for flag, allowed in (
         ("models", MODELS),
         ("kv", KV_DTYPES),
@@ -541,6 +587,7 @@ def main() -> None:
                 log = out / "e2e_runs.log"
                 cmd = [sys.executable, __file__, "--layers", str(args.layers)]
                 cmd += ["--profile"] if args.profile else []
+                cmd += ["--trace", "--out", str(out)] if args.trace else []
                 cmd += ["--one", model, kv, backend, str(path)]
                 t0 = time.monotonic()
                 with log.open("a") as f:
