@@ -32,11 +32,8 @@ void decode_attention(const DecodeParams& call, int head_dim, ElemType kv_type,
                       const PagedCacheView& v_cache, int grid,
                       cudaStream_t stream) {
   DecodeParams params = call;
-  // As for a stream-K fix-up, a grid no larger than the device's SMs is
-  // taken to get all of them in time; a process held to fewer SMs (an MPS
-  // client with a lower active thread percentage) does not meet that.
   params.grid_resident =
-      grid <= kDecodeCtasPerSm * current_device_info().sm_count;
+      grid <= kDecodeCtasPerSm * current_device_info().resident_sm_count;
   const CUtensorMap k_map = paged_cache_map(
       k_cache, kv_type, head_dim, params.block_size, params.num_kv_heads);
   const CUtensorMap v_map = paged_cache_map(
