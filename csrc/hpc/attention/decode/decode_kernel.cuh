@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
   uint8_t* smem = align_shared<1024>(decode_smem_raw);
   __shared__ DecodeBarriers<Config> bar;
   // The item's mergers (WorkItem::mergers), which only its merge reads: kept
-  // here through the mainloop rather than in a register there.
+  // here through the mainloop rather than in a register there (with it in a
+  // register, the 16-bit 8-row tile loop compiles to 748 instructions
+  // instead of 709).
   __shared__ int item_mergers;
   constexpr int kConsumers =
       static_cast<int>(attention::DecodeBarrier::kConsumers);
