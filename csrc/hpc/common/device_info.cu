@@ -6,6 +6,7 @@
 
 #include "common/cuda_check.h"
 #include "common/device_info.h"
+#include "common/driver_entry.h"
 
 namespace hpc {
 
@@ -16,15 +17,8 @@ using ExecAffinityFn = CUresult (*)(CUexecAffinityParam*, CUexecAffinityType);
 // The SM count of the current context's execution affinity, or `sm_count`
 // where the driver has none to report.
 int affinity_sm_count(int sm_count) {
-  void* ptr = nullptr;
-  cudaDriverEntryPointQueryResult status;
-  if (cudaGetDriverEntryPointByVersion("cuCtxGetExecAffinity", &ptr, 11040,
-                                       cudaEnableDefault,
-                                       &status) != cudaSuccess ||
-      status != cudaDriverEntryPointSuccess || ptr == nullptr) {
-    cudaGetLastError();
-    return sm_count;
-  }
+  void* ptr = driver_entry_point("cuCtxGetExecAffinity", 11040);
+  if (ptr == nullptr) return sm_count;
   CUexecAffinityParam param{};
   if (reinterpret_cast<ExecAffinityFn>(ptr)(
           &param, CU_EXEC_AFFINITY_TYPE_SM_COUNT) != CUDA_SUCCESS ||

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/cuda_check.h"
+#include "common/driver_entry.h"
 
 namespace hpc {
 
@@ -23,11 +23,8 @@ EncodeTiledFn encode_tiled() {
   static EncodeTiledFn fn = nullptr;
   static std::once_flag once;
   std::call_once(once, [] {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status;
-    HPC_CUDA_CHECK(cudaGetDriverEntryPointByVersion(
-        "cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &status));
-    if (status != cudaDriverEntryPointSuccess || ptr == nullptr) {
+    void* ptr = driver_entry_point("cuTensorMapEncodeTiled", 12000);
+    if (ptr == nullptr) {
       throw std::runtime_error("cuTensorMapEncodeTiled is not available");
     }
     fn = reinterpret_cast<EncodeTiledFn>(ptr);
