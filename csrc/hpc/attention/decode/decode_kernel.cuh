@@ -79,21 +79,24 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
   pdl_launch_dependents();
   // The plan, the queries and the cache are written by earlier kernels.
   pdl_wait_for_producer();
+  const CtaStart start = CtaStart::load(p, blockIdx.x);
   // The kernel's row layout comes from the launch; a plan made for another
   // query count would be walked wrongly, so fail loudly instead.
-  if (p.plan[kQueryTokens] != p.query_tokens) __trap();
+  if (start.query_tokens != p.query_tokens) __trap();
   const int thread = threadIdx.x - kWgmmaProducerThreads;
-  if (!producer) {
-    zero_empty_units(p, Config::kHeadDim, thread, kWgmmaConsumerThreads);
+  if (blockIdx.x >= start.num_ctas) {
+    if (!producer) {
+      zero_empty_units(p, Config::kHeadDim, thread, kWgmmaConsumerThreads);
+    }
+    return;
   }
-  if (blockIdx.x >= p.plan[kNumCtas]) return;
 
   if (producer) {
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     if (threadIdx.x < 32) {
-      load_kv_tiles<Config>(p, &k_map, &v_map, smem, bar);
+      load_kv_tiles<Config>(p, start, &k_map, &v_map, smem, bar);
     } else if constexpr (Config::kFp8) {
-      transpose_v_tiles<Config>(p, smem, bar);
+      transpose_v_tiles<Config>(p, start, smem, bar);
     }
     return;
   }
@@ -107,10 +110,10 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
       mma_o, Shape<Int<Config::kHeadDim>, Int<Config::kWgRows>>{});
   typename Config::Softmax softmax;
   int parity = 0;
-  WorkCursor cursor(p, blockIdx.x);
+  WorkCursor cursor(p, blockIdx.x, start.window);
   WorkItem item;
   int it = 0;
-  while (cursor.next(item)) {
+  for (bool more = cursor.first(start, item); more; more = cursor.next(item)) {
     // Both warpgroups are done with the previous item's queries.
     named_barrier_sync(kConsumers, kWgmmaConsumerThreads);
     if (thread == 0) item_mergers = item.mergers;
@@ -128,6 +131,9 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
     }
     it += item.tile_end - item.tile_begin;
   }
+  // The outputs of units without work (zero-length sequences): after the
+  // CTA's own items, which do not wait for them.
+  zero_empty_units(p, Config::kHeadDim, thread, kWgmmaConsumerThreads);
 }
 
 }  // namespace decode

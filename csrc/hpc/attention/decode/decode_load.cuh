@@ -73,17 +73,18 @@ using DecodeBarriers =
 // Producer warp 0: every copy of every tile, in the consumers' order; V
 // into its stage, or (FP8) into the raw ring.
 template <class Config>
-__device__ void load_kv_tiles(const DecodeParams& p, const CUtensorMap* k_map,
+__device__ void load_kv_tiles(const DecodeParams& p, const CtaStart& start,
+                              const CUtensorMap* k_map,
                               const CUtensorMap* v_map, uint8_t* smem,
                               DecodeBarriers<Config>& bar) {
   using KvTile = attention::PagedKvTile<Config::kTileKeys, Config::kChunks,
                                         Config::kRowBytes>;
   static_assert(Config::kTileKeys == kTileTokens);
   const int lane = threadIdx.x % 32;
-  WorkCursor cursor(p, blockIdx.x);
+  WorkCursor cursor(p, blockIdx.x, start.window);
   WorkItem item;
   int it = 0;
-  while (cursor.next(item)) {
+  for (bool more = cursor.first(start, item); more; more = cursor.next(item)) {
     ItemBlocks blocks_of(p, item, lane);
     const int h = blocks_of.kv_head;
     const int bs = blocks_of.block_size;
@@ -127,17 +128,17 @@ __device__ void load_kv_tiles(const DecodeParams& p, const CUtensorMap* k_map,
 // FP8 caches, producer warps 1..3: every raw V tile transposed into its V^T
 // stage (keys past the sequence zeroed).
 template <class Config>
-__device__ void transpose_v_tiles(const DecodeParams& p, uint8_t* smem,
-                                  DecodeBarriers<Config>& bar) {
+__device__ void transpose_v_tiles(const DecodeParams& p, const CtaStart& start,
+                                  uint8_t* smem, DecodeBarriers<Config>& bar) {
   static_assert(Config::kFp8);
   const int warp = threadIdx.x / 32 - 1;
   const attention::VTransposer<Config::kTileKeys, Config::kHeadDim,
                                Config::kRowBytes, kWgmmaTransposeWarps>
       transpose;
-  WorkCursor cursor(p, blockIdx.x);
+  WorkCursor cursor(p, blockIdx.x, start.window);
   WorkItem item;
   int it = 0;
-  while (cursor.next(item)) {
+  for (bool more = cursor.first(start, item); more; more = cursor.next(item)) {
     for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
       const auto raw = RingState<Config::kRawSlots>::of(it);
       const auto v = RingState<Config::kVStages>::of(it);

@@ -12,22 +12,60 @@
 namespace hpc {
 namespace decode {
 
+// What every role of a CTA reads of the plan before its first copy or
+// query load: the header words the kernel checks and the CTA's first-item
+// descriptor, loaded together so that they cost one memory round trip (a
+// chain of them would delay the first K tile by a round trip each).
+struct CtaStart {
+  int query_tokens;
+  int num_ctas;
+  int window;
+  int4 lo;  // descriptor words 0..3
+  int4 hi;  // descriptor words 4..7
+
+  __device__ static CtaStart load(const DecodeParams& p, int cta) {
+    static_assert(kItemUnit == 0 && kItemKvLen == 1 && kItemTileBegin == 2 &&
+                  kItemTileEnd == 3 && kItemPieces == 4 &&
+                  kItemFirstPartial == 5 && kItemPartialRow == 6 &&
+                  kItemMergers == 7 && kItemWords == 8);
+    const int4* d =
+        reinterpret_cast<const int4*>(p.plan + p.layout.cta_first_item() +
+                                      static_cast<int64_t>(cta) * kItemWords);
+    return {p.plan[kQueryTokens], p.plan[kNumCtas], p.plan[kWindow], d[0],
+            d[1]};
+  }
+};
+
 // Turns the CTA's granule range into work items, in order, with the
 // planners' own resolution (resolve_item, decode_plan.h). The first item
-// comes whole from the CTA's descriptor in the plan (one 32-byte read, so
-// the first copy waits on one load instead of a chain); the range and the
-// rest of the plan are read when the second item is asked for.
+// comes whole from the CTA's descriptor (CtaStart), taken by first() so
+// that its words are not kept through the walk; the range and the rest of
+// the plan are read when the second item is asked for. Walk:
+//   for (bool more = cursor.first(start, item); more;
+//        more = cursor.next(item)) { ... }
 class WorkCursor {
  public:
-  __device__ WorkCursor(const DecodeParams& p, int cta)
-      : p_(p), cta_(cta), window_(p.plan[kWindow]) {}
+  __device__ WorkCursor(const DecodeParams& p, int cta, int window)
+      : p_(p), cta_(cta), window_(window) {}
 
   // The plan's sliding window (0: none): the planner left out the tiles it
   // hides, and the consumers mask with it.
   __device__ int window() const { return window_; }
 
+  __device__ bool first(const CtaStart& start, WorkItem& item) {
+    const int4 lo = start.lo;
+    const int4 hi = start.hi;
+    if (lo.x < 0) {
+      state_ = State::kDone;
+      return false;
+    }
+    item = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    unit_ = lo.x;
+    state_ = State::kSecond;
+    return true;
+  }
+
   __device__ bool next(WorkItem& item) {
-    if (state_ == State::kFirst) return first(item);
     if (state_ == State::kDone) return false;
     if (state_ == State::kSecond) locate_after_first();
     if (x_ >= end_) {
@@ -42,27 +80,7 @@ class WorkCursor {
   }
 
  private:
-  enum class State { kFirst, kSecond, kRest, kDone };
-
-  __device__ bool first(WorkItem& item) {
-    const int4* d =
-        reinterpret_cast<const int4*>(p_.plan + p_.layout.cta_first_item() +
-                                      static_cast<int64_t>(cta_) * kItemWords);
-    const int4 lo = d[0];
-    const int4 hi = d[1];
-    static_assert(kItemUnit == 0 && kItemKvLen == 1 && kItemTileBegin == 2 &&
-                  kItemTileEnd == 3 && kItemPieces == 4 &&
-                  kItemFirstPartial == 5 && kItemPartialRow == 6 &&
-                  kItemMergers == 7 && kItemWords == 8);
-    if (lo.x < 0) {
-      state_ = State::kDone;
-      return false;
-    }
-    item = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    unit_ = lo.x;
-    state_ = State::kSecond;
-    return true;
-  }
+  enum class State { kSecond, kRest, kDone };
 
   // The granule after the first item: the end of the first item's unit
   // within the range (balanced), else the granule after the range's first.
@@ -85,7 +103,7 @@ class WorkCursor {
 
   const DecodeParams& p_;
   int cta_;
-  State state_ = State::kFirst;
+  State state_ = State::kDone;
   int total_ = 0;
   int num_ctas_ = 0;
   SplitMode mode_ = SplitMode::kBalanced;
