@@ -15,8 +15,9 @@
 // last piece alone; combine.cuh).
 //
 // One persistent CTA per SM of three warpgroups: the producer warpgroup
-// gives up registers (warp 0 copies; for FP8 caches warps 1..3 transpose
-// V); the two consumer warpgroups take them and compute
+// gives up registers (warp 0 copies; warps 1..3 zero the outputs of empty
+// units, then for FP8 caches transpose V); the two consumer warpgroups
+// take them and compute
 // (decode_config.cuh). The unit's queries are loaded into shared
 // memory by the consumers at the start of each work item.
 #pragma once
@@ -95,9 +96,15 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
     cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     if (threadIdx.x < 32) {
       load_kv_tiles<Config>(p, start, &k_map, &v_map, smem, bar);
-    } else if constexpr (Config::kFp8) {
-      transpose_v_tiles<Config>(p, start, smem, bar);
+      return;
     }
+    // Warps 1..3 zero the outputs of units without work (zero-length
+    // sequences) while the first tiles are on their way: off the consumers'
+    // path, and not at the CTA's end, where its loads would lengthen the
+    // kernel's tail.
+    zero_empty_units(p, Config::kHeadDim, threadIdx.x - 32,
+                     kWgmmaProducerThreads - 32);
+    if constexpr (Config::kFp8) transpose_v_tiles<Config>(p, start, smem, bar);
     return;
   }
 
@@ -131,9 +138,6 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
     }
     it += item.tile_end - item.tile_begin;
   }
-  // The outputs of units without work (zero-length sequences): after the
-  // CTA's own items, which do not wait for them.
-  zero_empty_units(p, Config::kHeadDim, thread, kWgmmaConsumerThreads);
 }
 
 }  // namespace decode
