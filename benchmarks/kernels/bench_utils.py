@@ -164,6 +164,20 @@ def new_events(n: int) -> list[tuple[torch.cuda.Event, torch.cuda.Event]]:
     ]
 
 
+def profiled_calls(name: str, case: str, run: Callable[[], object], runs: int) -> None:
+    """The profiling scripts' loop: ``run`` called ``runs`` times with
+    nothing else on the stream, each call's time printed (CUDA events, L2
+    warm after the first: a quick look, not a benchmark's protocol)."""
+    times = []
+    for start, end in new_events(runs):
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    print(f"{name}: {case}, {runs} calls, µs: {', '.join(f'{t:.1f}' for t in times)}")
+
+
 def measure_copy_bandwidth_gbps(num_bytes: int = 2 * 2**30, iters: int = 20) -> float:
     """Device-to-device copy: (bytes read + bytes written) / median time."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")

@@ -22,8 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-from bench_utils import import_hpc_ops
+from bench_utils import import_hpc_ops, profiled_calls
 from benchmark_hpc_decode import HpcDecode, all_cases, make_input_set, make_layout
 
 
@@ -40,19 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = make_layout(case)
     inputs = make_input_set(case, seed=0)
     run = HpcDecode(case, layout, hpc_ops, hpc_ops.SplitMode.BALANCED)
-    times = []
-    for _ in range(args.runs):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        run(inputs)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    print(
-        f"profile_decode: {case.name}, {args.runs} launches, "
-        f"µs: {', '.join(f'{t:.1f}' for t in times)}"
-    )
+    profiled_calls("profile_decode", case.name, lambda: run(inputs), args.runs)
     return 0
 
 

@@ -21,7 +21,7 @@ import argparse
 import sys
 
 import torch
-from bench_utils import import_hpc_ops
+from bench_utils import import_hpc_ops, profiled_calls
 from benchmark_hpc_moe import InputSet, WeightCache, all_cases, make_hpc, make_problem
 
 
@@ -38,19 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = WeightCache().get(case, 1)[0]
     inputs = InputSet(weights=weights, out=torch.empty_like(problem.hidden))
     run = make_hpc(case, problem, import_hpc_ops())
-    times = []
-    for _ in range(args.runs):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        run(inputs)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    print(
-        f"profile_moe: {case.name}, {args.runs} calls, "
-        f"µs: {', '.join(f'{t:.1f}' for t in times)}"
-    )
+    profiled_calls("profile_moe", case.name, lambda: run(inputs), args.runs)
     return 0
 
 
