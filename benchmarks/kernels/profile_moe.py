@@ -4,11 +4,12 @@
 
 The case is built exactly as the benchmark builds it (routing, activations,
 one weight set and the workspace); ``fused_moe_fp8`` then runs ``--runs``
-times with nothing else on the stream, so a profiler can pick one launch of
-one stage of the pipeline, e.g. the gate-up GEMM of the second run::
+times with nothing else on the stream, so a profiler can pick the launches
+of one call, e.g. the second call's two grouped GEMMs (gate-up, then down;
+calls of up to 16 tokens may take the decode kernels instead)::
 
-    ncu --clock-control none --kernel-name regex:moe_gemm_kernel<true \\
-        --launch-skip 1 --launch-count 1 --set full -o moe \\
+    ncu --clock-control none --kernel-name regex:moe_gemm_kernel \\
+        --launch-skip 2 --launch-count 2 --set full -o moe \\
         python benchmarks/kernels/profile_moe.py --case tp8-pertensor-t4096
 
 Without a profiler it prints each call's time (CUDA events, L2 warm after
