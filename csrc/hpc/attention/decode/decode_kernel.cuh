@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
       mma_o, Shape<Int<Config::kHeadDim>, Int<Config::kWgRows>>{});
   typename Config::Softmax softmax;
   int parity = 0;
-  WorkCursor cursor(p, blockIdx.x, start.window);
+  WorkCursor cursor(p, blockIdx.x);
   WorkItem item;
   int it = 0;
   for (bool more = cursor.first(start, item); more; more = cursor.next(item)) {

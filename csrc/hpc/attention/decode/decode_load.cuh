@@ -81,7 +81,7 @@ __device__ void load_kv_tiles(const DecodeParams& p, const CtaStart& start,
                                         Config::kRowBytes>;
   static_assert(Config::kTileKeys == kTileTokens);
   const int lane = threadIdx.x % 32;
-  WorkCursor cursor(p, blockIdx.x, start.window);
+  WorkCursor cursor(p, blockIdx.x);
   WorkItem item;
   int it = 0;
   for (bool more = cursor.first(start, item); more; more = cursor.next(item)) {
@@ -135,7 +135,7 @@ __device__ void transpose_v_tiles(const DecodeParams& p, const CtaStart& start,
   const attention::VTransposer<Config::kTileKeys, Config::kHeadDim,
                                Config::kRowBytes, kWgmmaTransposeWarps>
       transpose;
-  WorkCursor cursor(p, blockIdx.x, start.window);
+  WorkCursor cursor(p, blockIdx.x);
   WorkItem item;
   int it = 0;
   for (bool more = cursor.first(start, item); more; more = cursor.next(item)) {

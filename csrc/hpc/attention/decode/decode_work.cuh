@@ -45,14 +45,14 @@ struct CtaStart {
 //        more = cursor.next(item)) { ... }
 class WorkCursor {
  public:
-  __device__ WorkCursor(const DecodeParams& p, int cta, int window)
-      : p_(p), cta_(cta), window_(window) {}
+  __device__ WorkCursor(const DecodeParams& p, int cta) : p_(p), cta_(cta) {}
 
-  // The plan's sliding window (0: none): the planner left out the tiles it
-  // hides, and the consumers mask with it.
+  // The plan's sliding window (0: none), known from first() on: the planner
+  // left out the tiles it hides, and the consumers mask with it.
   __device__ int window() const { return window_; }
 
   __device__ bool first(const CtaStart& start, WorkItem& item) {
+    window_ = start.window;
     const int4 lo = start.lo;
     const int4 hi = start.hi;
     if (lo.x < 0) {
