@@ -115,8 +115,14 @@ struct DecodeConfig {
   // the other's unfinished fill for its own. Splitting rows, both
   // warpgroups read every tile in order, and any depth is safe.
   static constexpr int kRingMultiple = kSplitRows ? 1 : 2;
+  // FP8: V^T stages as deep as the K ring where the shared memory holds
+  // three full rings (head sizes 64 and 128), so the transposing warps run
+  // as far ahead of the consumers as the copies do; otherwise what is left
+  // after K and raw V rings of useful depth.
   static constexpr int kVtStages =
-      kSplitRows ? 3 : ((kSlots - 4) / 2 >= 4 ? 4 : 2);
+      kSlots >= 3 * kMaxStages
+          ? kMaxStages
+          : (kSplitRows ? 3 : ((kSlots - 4) / 2 >= 4 ? 4 : 2));
   static constexpr int kStagesFit = (kFp8 ? kSlots - kVtStages : kSlots) / 2;
   static constexpr int kStages =
       (kStagesFit < kMaxStages ? kStagesFit : kMaxStages) / kRingMultiple *
