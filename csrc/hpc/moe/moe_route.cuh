@@ -14,6 +14,32 @@ namespace hpc {
 namespace moe {
 
 constexpr int kRouteThreads = 1024;
+// Slots a route thread looks up before it uses any: their loads (the
+// router's id, then the expert map's entry) overlap instead of each
+// iteration waiting a memory round trip. 4096 tokens at top-8 are 32 slots
+// a thread.
+constexpr int kRouteSlotBatch = 8;
+
+// f(slot, local expert or -1) for every slot, the slots of a thread in
+// batches of kRouteSlotBatch whose experts are all loaded first.
+template <class F>
+__device__ __forceinline__ void for_each_slot(const MoeParams& p, int slots,
+                                              F&& f) {
+  constexpr int kStride = kRouteSlotBatch * kRouteThreads;
+  for (int base = threadIdx.x; base < slots; base += kStride) {
+    int e[kRouteSlotBatch];
+#pragma unroll
+    for (int b = 0; b < kRouteSlotBatch; ++b) {
+      const int s = base + b * kRouteThreads;
+      e[b] = s < slots ? local_expert(p, s) : -1;
+    }
+#pragma unroll
+    for (int b = 0; b < kRouteSlotBatch; ++b) {
+      const int s = base + b * kRouteThreads;
+      if (s < slots) f(s, e[b]);
+    }
+  }
+}
 
 // Counts and offsets live in shared memory; rows of one expert are listed
 // in arrival order (the order does not change any result: each row is
@@ -44,10 +70,9 @@ __global__ void __launch_bounds__(kRouteThreads)
 
   for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
   __syncthreads();
-  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const int e = local_expert(p, s);
+  for_each_slot(p, slots, [&](int, int e) {
     if (e >= 0) atomicAdd(&count[e], 1);
-  }
+  });
   __syncthreads();
 
   // Exclusive prefix sums of rows and of token tiles, by warp 0 (each lane
@@ -99,15 +124,14 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   __syncthreads();  // cursor[] is advanced below
 
-  for (int s = threadIdx.x; s < slots; s += blockDim.x) {
-    const int e = local_expert(p, s);
+  for_each_slot(p, slots, [&](int s, int e) {
     int row = -1;
     if (e >= 0) {
       row = atomicAdd(&cursor[e], 1);
       row_slot[row] = s;
     }
     slot_row[s] = row;
-  }
+  });
 }
 
 }  // namespace moe
