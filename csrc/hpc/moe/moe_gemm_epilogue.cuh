@@ -241,6 +241,15 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
   }
 }
 
+// Element index of weight row `row` of token `tok` in down_epilogue()'s
+// staged rows, [kTokens][kCtaRows] with 8-row (16-byte) chunks swizzled by
+// the token's bits 1..2: the four tokens a warp's quads write at once fall
+// in other banks (unswizzled, the 512-byte token rows put them all in the
+// same four), and a token row's chunks stay contiguous 16-byte units.
+__device__ __forceinline__ int staged_down_index(int tok, int row) {
+  return tok * kCtaRows + (row ^ (((tok >> 1) & 3) << 3));
+}
+
 template <int kTokens, class Acc, class Coord>
 __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile,
                               const int* rows, int n0, const Acc& acc,
@@ -253,7 +262,8 @@ __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile,
 #pragma unroll
   for (int i = 0; i < cute::size(acc); ++i) {
     const int row = wg * kWgRows + cute::get<0>(coord(i));
-    staged[cute::get<1>(coord(i)) * kCtaRows + row] = __float2bfloat16(acc(i));
+    staged[staged_down_index(cute::get<1>(coord(i)), row)] =
+        __float2bfloat16(acc(i));
   }
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 
@@ -265,7 +275,8 @@ __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile,
     const int col = n0 + (c % kChunks) * 8;
     if (tok < tile.rows && col < p.hidden) {
       *reinterpret_cast<uint4*>(down + int64_t(rows[tok]) * p.hidden + col) =
-          *reinterpret_cast<const uint4*>(staged + tok * kCtaRows + col - n0);
+          *reinterpret_cast<const uint4*>(staged +
+                                          staged_down_index(tok, col - n0));
     }
   }
 }
