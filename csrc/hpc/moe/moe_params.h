@@ -12,6 +12,16 @@
 namespace hpc {
 namespace moe {
 
+// The route stage's CTAs (moe_route.cuh): kRouteThreads threads, each
+// taking kRouteSlotBatch of the CTA's kRouteSlotsPerCta consecutive slots.
+constexpr int kRouteThreads = 256;
+constexpr int kRouteSlotBatch = 4;
+constexpr int kRouteSlotsPerCta = kRouteThreads * kRouteSlotBatch;
+
+HPC_MOE_HD int64_t route_ctas(int64_t slots) {
+  return (slots + kRouteSlotsPerCta - 1) / kRouteSlotsPerCta;
+}
+
 // Where each array lives in the flat workspace, for up to `max_tokens`
 // tokens routed to `topk` experts each. The arrival counters come first, at
 // a fixed place whatever the token count: they are zero when the workspace
@@ -56,9 +66,13 @@ struct MoeWorkspaceLayout {
   HPC_MOE_HD int64_t slot_row() const {
     return row_slot() + align(4 * max_rows());
   }
+  // int32 [route CTAs, num_experts]: each route CTA's rows per expert.
+  HPC_MOE_HD int64_t route_counts() const {
+    return slot_row() + align(4 * max_rows());
+  }
   // fp8 [max_tokens, H]: the quantized input (16-bit inputs only).
   HPC_MOE_HD int64_t input_q() const {
-    return slot_row() + align(4 * max_rows());
+    return route_counts() + align(4 * route_ctas(max_rows()) * num_experts);
   }
   // float [max_tokens, H / 128]: its scales (dynamic quantization only).
   HPC_MOE_HD int64_t input_scale() const {

@@ -1,6 +1,19 @@
-// Route stage of the fused FP8 MoE pipeline: one CTA builds the per-expert
-// row counts, row offsets and token-tile offsets in shared memory, then the
-// expert-sorted row list (sorted row -> slot) and its inverse.
+// Route stage of the fused FP8 MoE pipeline: the expert-sorted row list
+// (sorted row -> slot), its inverse, the per-expert row and token-tile
+// offsets and the GEMMs' tile table, by two kernels over the routed slots
+// (token * topk + j), each CTA taking kRouteSlotsPerCta consecutive ones:
+//
+//   count  a CTA counts its slots per local expert in shared memory, numbers
+//          each slot within its (CTA, expert) and writes its counts
+//   place  a CTA sums every CTA's counts into the experts' offsets, adds
+//          the counts of the CTAs before it and writes its slots' sorted
+//          rows; CTA 0 writes the offsets and the tile table
+//
+// Spread over CTAs because one CTA for a whole prefill batch is bound by
+// its SM's shared atomics and scattered stores. Rows of one expert are listed
+// CTA by CTA, within a CTA in arrival order: the order does not change any
+// result (each row is computed on its own and the reduction sums a token's
+// experts in top-k order).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,70 +26,90 @@
 namespace hpc {
 namespace moe {
 
-constexpr int kRouteThreads = 1024;
-// Slots a route thread looks up before it uses any: their loads (the
-// router's id, then the expert map's entry) overlap instead of each
-// iteration waiting a memory round trip. 4096 tokens at top-8 are 32 slots
-// a thread.
-constexpr int kRouteSlotBatch = 8;
+// A slot's expert and its number within its (CTA, expert), as the count
+// kernel leaves them in the slot -> row array for the place kernel.
+constexpr int kRouteRankBits = 11;
+static_assert(kRouteSlotsPerCta <= (1 << kRouteRankBits));
 
-// f(slot, local expert or -1) for every slot, the slots of a thread in
-// batches of kRouteSlotBatch whose experts are all loaded first.
+// f(slot, local expert or -1) for this CTA's slots, kRouteSlotBatch a
+// thread, all of whose experts are loaded first: the loads (the router's id,
+// then the expert map's entry) overlap instead of each waiting a round trip.
 template <class F>
-__device__ __forceinline__ void for_each_slot(const MoeParams& p, int slots,
-                                              F&& f) {
-  constexpr int kStride = kRouteSlotBatch * kRouteThreads;
-  for (int base = threadIdx.x; base < slots; base += kStride) {
-    int e[kRouteSlotBatch];
+__device__ __forceinline__ void for_each_cta_slot(const MoeParams& p, int slots,
+                                                  F&& f) {
+  const int first = blockIdx.x * kRouteSlotsPerCta + threadIdx.x;
+  int e[kRouteSlotBatch];
 #pragma unroll
-    for (int b = 0; b < kRouteSlotBatch; ++b) {
-      const int s = base + b * kRouteThreads;
-      e[b] = s < slots ? local_expert(p, s) : -1;
-    }
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int s = first + b * kRouteThreads;
+    e[b] = s < slots ? local_expert(p, s) : -1;
+  }
 #pragma unroll
-    for (int b = 0; b < kRouteSlotBatch; ++b) {
-      const int s = base + b * kRouteThreads;
-      if (s < slots) f(s, e[b]);
-    }
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int s = first + b * kRouteThreads;
+    if (s < slots) f(s, e[b]);
   }
 }
 
-// Counts and offsets live in shared memory; rows of one expert are listed
-// in arrival order (the order does not change any result: each row is
-// computed on its own and the reduction sums a token's experts in top-k
-// order).
 __global__ void __launch_bounds__(kRouteThreads)
-    moe_route_kernel(const MoeParams p) {
+    moe_route_count_kernel(const MoeParams p) {
   extern __shared__ int route_smem[];
-  int* count = route_smem;                           // [E]
-  int* cursor = route_smem + p.num_experts;          // [E]: next sorted row
-  int* first_tile = route_smem + 2 * p.num_experts;  // [E]
-  // The previous call's stages read these tables: wait for them. Dependents
-  // launch only after the wait (see moe_gemm_kernel.cuh).
+  int* count = route_smem;  // [E]
+  // The previous call's stages read the tables this stage writes: wait for
+  // them. Dependents launch only after the wait (see moe_gemm_kernel.cuh).
   pdl_wait_for_producer();
   pdl_launch_dependents();
 
   const int num_experts = p.num_experts;
+  int32_t* slot_row =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
+  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) count[e] = 0;
+  __syncthreads();
+  for_each_cta_slot(p, p.num_tokens * p.topk, [&](int s, int e) {
+    slot_row[s] = e >= 0 ? (e << kRouteRankBits) | atomicAdd(&count[e], 1) : -1;
+  });
+  __syncthreads();
+  int32_t* counts = reinterpret_cast<int32_t*>(
+      p.workspace + p.layout.route_counts() +
+      sizeof(int32_t) * int64_t(blockIdx.x) * num_experts);
+  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) {
+    counts[e] = count[e];
+  }
+}
+
+__global__ void __launch_bounds__(kRouteThreads)
+    moe_route_place_kernel(const MoeParams p) {
+  extern __shared__ int route_smem[];
+  const int num_experts = p.num_experts;
+  int* total = route_smem;                         // [E]: rows, all CTAs
+  int* base = route_smem + num_experts;            // [E]: this CTA's first
+  int* first_tile = route_smem + 2 * num_experts;  // [E]
+  pdl_wait_for_producer();  // the count kernel's counts and numbers
+  pdl_launch_dependents();
+
   const int tile_rows = p.tiling.token_tile;
-  const int slots = p.num_tokens * p.topk;
+  const int32_t* counts =
+      reinterpret_cast<const int32_t*>(p.workspace + p.layout.route_counts());
+  // Written by the count kernel, maybe on another SM: read through L2.
+  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) {
+    int all = 0, before = 0;
+    for (int g = 0; g < static_cast<int>(gridDim.x); ++g) {
+      const int c = __ldcg(counts + int64_t(g) * num_experts + e);
+      all += c;
+      if (g < static_cast<int>(blockIdx.x)) before += c;
+    }
+    total[e] = all;
+    base[e] = before;
+  }
+  __syncthreads();
+
+  // Exclusive prefix sums of rows and of token tiles over the experts, by
+  // warp 0 (each lane takes a contiguous run of experts).
+  const bool writes_tables = blockIdx.x == 0;
   int32_t* expert_offset =
       reinterpret_cast<int32_t*>(p.workspace + p.layout.expert_offset());
   int32_t* tile_offset =
       reinterpret_cast<int32_t*>(p.workspace + p.layout.tile_offset());
-  int32_t* row_slot =
-      reinterpret_cast<int32_t*>(p.workspace + p.layout.row_slot());
-  int32_t* slot_row =
-      reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
-
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
-  __syncthreads();
-  for_each_slot(p, slots, [&](int, int e) {
-    if (e >= 0) atomicAdd(&count[e], 1);
-  });
-  __syncthreads();
-
-  // Exclusive prefix sums of rows and of token tiles, by warp 0 (each lane
-  // takes a contiguous run of experts).
   if (threadIdx.x < 32) {
     const int lane = threadIdx.x;
     const int per = (num_experts + 31) / 32;
@@ -84,8 +117,8 @@ __global__ void __launch_bounds__(kRouteThreads)
     const int e1 = min(num_experts, e0 + per);
     int rows = 0, tiles = 0;
     for (int e = e0; e < e1; ++e) {
-      rows += count[e];
-      tiles += (count[e] + tile_rows - 1) / tile_rows;
+      rows += total[e];
+      tiles += (total[e] + tile_rows - 1) / tile_rows;
     }
     int rows_incl = rows, tiles_incl = tiles;
 #pragma unroll
@@ -99,39 +132,58 @@ __global__ void __launch_bounds__(kRouteThreads)
     }
     int row = rows_incl - rows, tile = tiles_incl - tiles;
     for (int e = e0; e < e1; ++e) {
-      expert_offset[e] = row;
-      tile_offset[e] = tile;
-      cursor[e] = row;
+      if (writes_tables) {
+        expert_offset[e] = row;
+        tile_offset[e] = tile;
+      }
+      base[e] += row;
       first_tile[e] = tile;
-      row += count[e];
-      tile += (count[e] + tile_rows - 1) / tile_rows;
+      row += total[e];
+      tile += (total[e] + tile_rows - 1) / tile_rows;
     }
-    if (lane == 31) {
+    if (writes_tables && lane == 31) {
       expert_offset[num_experts] = rows_incl;
       tile_offset[num_experts] = tiles_incl;
     }
   }
   __syncthreads();
 
-  // The GEMMs' tile table: one entry per token tile.
-  TileInfo* infos =
-      reinterpret_cast<TileInfo*>(p.workspace + p.layout.tile_info());
-  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
-    const int end = cursor[e] + count[e];
-    for (int t = 0, row = cursor[e]; row < end; ++t, row += tile_rows) {
-      infos[first_tile[e] + t] = TileInfo{e, row, min(tile_rows, end - row), 0};
+  if (writes_tables) {
+    // The GEMMs' tile table, one entry per token tile. No CTA comes before
+    // this one: base[] is each expert's first row.
+    TileInfo* infos =
+        reinterpret_cast<TileInfo*>(p.workspace + p.layout.tile_info());
+    for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) {
+      const int end = base[e] + total[e];
+      for (int t = 0, row = base[e]; row < end; ++t, row += tile_rows) {
+        infos[first_tile[e] + t] =
+            TileInfo{e, row, min(tile_rows, end - row), 0};
+      }
     }
   }
-  __syncthreads();  // cursor[] is advanced below
 
-  for_each_slot(p, slots, [&](int s, int e) {
-    int row = -1;
-    if (e >= 0) {
-      row = atomicAdd(&cursor[e], 1);
+  int32_t* row_slot =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.row_slot());
+  int32_t* slot_row =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
+  const int slots = p.num_tokens * p.topk;
+  const int first = blockIdx.x * kRouteSlotsPerCta + threadIdx.x;
+  int numbered[kRouteSlotBatch];
+#pragma unroll
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int s = first + b * kRouteThreads;
+    numbered[b] = s < slots ? __ldcg(slot_row + s) : -1;
+  }
+#pragma unroll
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int s = first + b * kRouteThreads;
+    if (numbered[b] >= 0) {
+      const int row = base[numbered[b] >> kRouteRankBits] +
+                      (numbered[b] & ((1 << kRouteRankBits) - 1));
       row_slot[row] = s;
+      slot_row[s] = row;
     }
-    slot_row[s] = row;
-  });
+  }
 }
 
 }  // namespace moe
