@@ -25,6 +25,13 @@ QK-norm through the model's own ``HpcRopeNorm``, FP8 experts with
 ``fp8``. Backends (``--backends``): ``HPC_ATTN``, ``TRITON_ATTN``,
 ``FLASH_ATTN`` (needs vLLM's compiled ops).
 
+MoE backends (``--moe-backends``, Hy3 only): ``hpc`` (``--moe-backend hpc``,
+every run of the tables above) and ``vllm`` (vLLM's own choice for the FP8
+experts, no ``--moe-backend``). Where both ran for the same model, KV dtype
+and attention backend, ``E2E_MOE`` records compare them: case
+``<model>-<kv>-<attention impl>-<decode|prefill>``, ``impl`` ``hpc`` or
+``vllm_moe``, so the time to first token shows the MoE alone.
+
 Case names: ``<model>-<bf16|fp8>-<decode|prefill>``; ``impl`` is ``hpc``,
 ``triton_attn`` or ``flash_attn``; the ``hpc`` records carry ``ratios``
 over the others. Writes ``benchmarks/results/benchmark_e2e.json`` (and under
@@ -72,6 +79,11 @@ IMPL_NAMES = {
     "FLASH_ATTN": "flash_attn",
 }
 KV_DTYPES = {"bf16": "auto", "fp8": "fp8"}
+# The MoE backends a Hy3 run may take: the value of vLLM's --moe-backend,
+# or None for vLLM's own choice; record impl names of the E2E_MOE records.
+MOE_BACKENDS: dict[str, str | None] = {"hpc": "hpc", "vllm": None}
+MOE_IMPL_NAMES = {"hpc": "hpc", "vllm": "vllm_moe"}
+MOE_MODELS = ("hy3",)
 
 LONG_PROMPT = 32768
 SHORT_PROMPT = 4096
@@ -317,15 +329,19 @@ def run_one(
     path: Path,
     profile: bool,
     trace_dir: Path | None = None,
+    moe: str = "hpc",
 ) -> None:
     """Builds the LLM, measures, and writes the result to ``path``;
     ``profile``: also the kernels of a few decode steps, and with
-    ``trace_dir`` their timeline (``<model>-<kv>-<backend>.trace.json.gz``)."""
+    ``trace_dir`` their timeline (``<run name>.trace.json.gz``); ``moe``:
+    the MoE backend of a model with experts (``MOE_BACKENDS``)."""
     import random
 
     from vllm import LLM, SamplingParams
 
     result: dict[str, Any] = {"model": model, "kv": kv, "backend": backend}
+    if model in MOE_MODELS:
+        result["moe"] = moe
     model_dir = Path(tempfile.mkdtemp(prefix=f"e2e_{model}_"))
     config = _model_config(model, layers)
     if model == "hy3":
@@ -351,8 +367,8 @@ def run_one(
         # The README's settings for models that do not wire HpcRopeNorm.
         compilation["pass_config"] = {FUSION_PASS[model]: True}
         compilation["use_inductor_graph_partition"] = True
-    if model == "hy3":
-        kwargs["moe_backend"] = "hpc"
+    if model in MOE_MODELS and MOE_BACKENDS[moe] is not None:
+        kwargs["moe_backend"] = MOE_BACKENDS[moe]
     t0 = time.perf_counter()
     llm = LLM(
         model=str(model_dir),
@@ -407,7 +423,7 @@ def run_one(
     # Profiled: a few steps just before the timed ones end, all decodes.
     profiled = range(DECODE_STEPS - 8, DECODE_STEPS - 4) if profile else range(0)
     trace = (
-        trace_dir / f"{model}-{kv}-{backend}.trace.json.gz"
+        trace_dir / f"{run_name(result)}.trace.json.gz"
         if profile and trace_dir is not None
         else None
     )
@@ -435,6 +451,14 @@ def run_one(
 # ---------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------
+
+
+def run_name(run: dict[str, Any]) -> str:
+    """``<model>-<kv>-<backend>``, and ``-moe-<backend>`` for a MoE model's
+    run off ``--moe-backend hpc``."""
+    name = f"{run['model']}-{run['kv']}-{run['backend']}"
+    moe = run.get("moe", "hpc")
+    return name if moe == "hpc" else f"{name}-moe-{moe}"
 
 
 def _agreement(hpc: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
@@ -484,8 +508,48 @@ def attention_us_per_layer(run: dict[str, Any], layers: int) -> float | None:
     return round(total / layers, 2)
 
 
-def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+def _moe_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """E2E_MOE records: a MoE model's runs on each MoE backend side by side,
+    for each KV dtype and attention backend that ran on more than one."""
     records = []
+    by_key = {
+        (r["model"], r["kv"], r["backend"], r["moe"]): r
+        for r in runs
+        if "error" not in r and "moe" in r
+    }
+    for model, kv, backend in sorted({k[:3] for k in by_key}):
+        ran = {
+            MOE_IMPL_NAMES[moe]: by_key[(model, kv, backend, moe)]
+            for moe in MOE_BACKENDS
+            if (model, kv, backend, moe) in by_key
+        }
+        if len(ran) < 2:
+            continue
+        for what, field in (("decode", "decode_step_us"), ("prefill", "prefill_us")):
+            timings = {impl: run[field] for impl, run in ran.items()}
+            for impl, us in timings.items():
+                extra: dict[str, Any] = {"init_s": ran[impl]["init_s"]}
+                if impl == "hpc":
+                    extra["ratios"] = bench_utils.ratios_over(timings, "hpc")
+                records.append(
+                    bench_utils.make_record(
+                        "E2E_MOE",
+                        f"{model}-{kv}-{IMPL_NAMES[backend]}-{what}",
+                        impl,
+                        us,
+                        None,
+                        **extra,
+                    )
+                )
+    return records
+
+
+def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """The E2E records of the runs with ``--moe-backend hpc`` (every run of
+    a model without experts), then the E2E_MOE records."""
+    records = []
+    moe_records = _moe_records(runs)
+    runs = [r for r in runs if r.get("moe", "hpc") == "hpc"]
     by_key = {(r["model"], r["kv"], r["backend"]): r for r in runs if "error" not in r}
     for model, kv in sorted({(r["model"], r["kv"]) for r in runs}):
         hpc = by_key.get((model, kv, "HPC_ATTN"))
@@ -521,7 +585,56 @@ def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
                 if impl == "hpc":
                     record["ratios"] = bench_utils.ratios_over(timings, "hpc")
                 records.append(record)
-    return records
+    return records + moe_records
+
+
+def _run_in_subprocess(
+    args: argparse.Namespace,
+    model: str,
+    kv: str,
+    backend: str,
+    moe: str,
+    out: Path,
+    work: Path,
+) -> dict[str, Any]:
+    """One run (``--one``) in a subprocess of its own; its result, or the
+    error it ended with."""
+    entry: dict[str, Any] = {"model": model, "kv": kv, "backend": backend}
+    if model in MOE_MODELS:
+        entry["moe"] = moe
+    name = run_name(entry)
+    path = work / f"{name}.json"
+    cmd = [sys.executable, __file__, "--layers", str(args.layers)]
+    cmd += ["--profile"] if args.profile else []
+    cmd += ["--trace", "--out", str(out)] if args.trace else []
+    cmd += ["--one", model, kv, backend, str(path), "--moe", moe]
+    t0 = time.monotonic()
+    with (out / "e2e_runs.log").open("a") as f:
+        f.write(f"=== {name}\n")
+        f.flush()
+        try:
+            rc = subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, timeout=args.timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if path.is_file():
+        entry = json.loads(path.read_text())
+    else:
+        entry["error"] = f"exit {rc}; see e2e_runs.log"
+    print(
+        f"{name:32} {time.monotonic() - t0:6.1f} s "
+        + (
+            entry.get("error")
+            or (
+                f"decode {entry['decode_step_us']:9.0f} us  "
+                f"prefill {entry['prefill_us']:9.0f} us  "
+                f"init {entry['init_s']} s"
+            )
+        ),
+        flush=True,
+    )
+    return entry
 
 
 def main() -> None:
@@ -529,6 +642,13 @@ def main() -> None:
     parser.add_argument("--models", default="llama,qwen3,hy3")
     parser.add_argument("--kv", default="bf16,fp8")
     parser.add_argument("--backends", default=",".join(IMPL_NAMES))
+    parser.add_argument(
+        "--moe-backends",
+        default="hpc",
+        help="MoE backends of the models with experts: "
+        + ", ".join(MOE_BACKENDS)
+        + " (vllm: vLLM's own choice)",
+    )
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--out", type=Path)
     parser.add_argument(
@@ -547,6 +667,7 @@ def main() -> None:
         "in the output directory",
     )
     parser.add_argument("--one", nargs=4, metavar=("MODEL", "KV", "BACKEND", "PATH"))
+    parser.add_argument("--moe", default="hpc", help="with --one: its MoE backend")
     args = parser.parse_args()
     if args.one:
         model, kv, backend, path = args.one
@@ -558,6 +679,7 @@ def main() -> None:
             Path(path),
             args.profile,
             args.out if args.trace else None,
+            args.moe,
         )
         return
     if not 2 <= args.layers <= 4:
@@ -568,6 +690,7 @@ def main() -> None:
         ("models", MODELS),
         ("kv", KV_DTYPES),
         ("backends", IMPL_NAMES),
+        ("moe_backends", MOE_BACKENDS),
     ):
         unknown = set(getattr(args, flag).split(",")) - set(allowed)
         if unknown:
@@ -581,51 +704,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="e2e_runs_"))
     for model in args.models.split(","):
+        moes = args.moe_backends.split(",") if model in MOE_MODELS else ["hpc"]
         for kv in args.kv.split(","):
             for backend in args.backends.split(","):
-                path = work / f"{model}-{kv}-{backend}.json"
-                log = out / "e2e_runs.log"
-                cmd = [sys.executable, __file__, "--layers", str(args.layers)]
-                cmd += ["--profile"] if args.profile else []
-                cmd += ["--trace", "--out", str(out)] if args.trace else []
-                cmd += ["--one", model, kv, backend, str(path)]
-                t0 = time.monotonic()
-                with log.open("a") as f:
-                    f.write(f"=== {model} {kv} {backend}\n")
-                    f.flush()
-                    try:
-                        rc = subprocess.run(
-                            cmd,
-                            stdout=f,
-                            stderr=subprocess.STDOUT,
-                            timeout=args.timeout,
-                        ).returncode
-                    except subprocess.TimeoutExpired:
-                        rc = "timeout"
-                entry = {"model": model, "kv": kv, "backend": backend}
-                if path.is_file():
-                    entry = json.loads(path.read_text())
-                else:
-                    entry["error"] = f"exit {rc}; see e2e_runs.log"
-                runs.append(entry)
-                print(
-                    f"{model:6} {kv:5} {backend:12} {time.monotonic() - t0:6.1f} s "
-                    + (
-                        entry.get("error")
-                        or (
-                            f"decode {entry['decode_step_us']:9.0f} us  "
-                            f"prefill {entry['prefill_us']:9.0f} us  "
-                            f"init {entry['init_s']} s"
-                        )
-                    ),
-                    flush=True,
-                )
-                (out / "runs.json").write_text(json.dumps(runs))
-    failed = {
-        f"{r['model']}-{r['kv']}-{r['backend']}": r["error"]
-        for r in runs
-        if "error" in r
-    }
+                for moe in moes:
+                    entry = _run_in_subprocess(args, model, kv, backend, moe, out, work)
+                    runs.append(entry)
+                    (out / "runs.json").write_text(json.dumps(runs))
+    failed = {run_name(r): r["error"] for r in runs if "error" in r}
     import torch
 
     bench_utils.finish_run(

@@ -103,6 +103,37 @@ def test_records_ratios_and_missing_runs():
     assert all(r["workload"] == "E2E" for r in records.values())
 
 
+def test_moe_backend_records_stand_apart():
+    logprobs = [{"5": -1.0}]
+    runs = [
+        _run("FLASH_ATTN", 100.0, 400.0, [5], logprobs) | {"moe": "hpc"},
+        _run("FLASH_ATTN", 110.0, 500.0, [5], logprobs) | {"moe": "vllm"},
+        _run("HPC_ATTN", 90.0, 380.0, [5], logprobs) | {"moe": "hpc"},
+        # Only one MoE backend ran on this KV dtype: no comparison.
+        _run("FLASH_ATTN", 100.0, 400.0, [5], logprobs, kv="fp8") | {"moe": "vllm"},
+    ]
+    records = e2e._records(runs, layers=2)
+    moe = {(r["case"], r["impl"]): r for r in records if r["workload"] == "E2E_MOE"}
+    assert set(moe) == {
+        ("hy3-bf16-flash_attn-decode", "hpc"),
+        ("hy3-bf16-flash_attn-decode", "vllm_moe"),
+        ("hy3-bf16-flash_attn-prefill", "hpc"),
+        ("hy3-bf16-flash_attn-prefill", "vllm_moe"),
+    }
+    assert moe[("hy3-bf16-flash_attn-prefill", "hpc")]["ratios"] == {"vllm_moe": 1.25}
+    assert moe[("hy3-bf16-flash_attn-decode", "hpc")]["ratios"] == {"vllm_moe": 1.1}
+    # The attention tables keep the --moe-backend hpc runs only.
+    e2e_records = {(r["case"], r["impl"]) for r in records if r["workload"] == "E2E"}
+    assert e2e_records == {
+        ("hy3-bf16-decode", "hpc"),
+        ("hy3-bf16-decode", "flash_attn"),
+        ("hy3-bf16-prefill", "hpc"),
+        ("hy3-bf16-prefill", "flash_attn"),
+    }
+    assert e2e.run_name(runs[1]) == "hy3-bf16-FLASH_ATTN-moe-vllm"
+    assert e2e.run_name(runs[0]) == "hy3-bf16-FLASH_ATTN"
+
+
 def test_fusion_passes_are_vllm_flags():
     """The passes the benchmark turns on for HPC_ATTN are PassConfig flags
     of the vLLM it runs with, and each model without HpcRopeNorm has one."""
