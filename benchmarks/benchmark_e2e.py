@@ -339,9 +339,7 @@ def run_one(
 
     from vllm import LLM, SamplingParams
 
-    result: dict[str, Any] = {"model": model, "kv": kv, "backend": backend}
-    if model in MOE_MODELS:
-        result["moe"] = moe
+    result = run_entry(model, kv, backend, moe)
     model_dir = Path(tempfile.mkdtemp(prefix=f"e2e_{model}_"))
     config = _model_config(model, layers)
     if model == "hy3":
@@ -451,6 +449,14 @@ def run_one(
 # ---------------------------------------------------------------------------
 # The driver
 # ---------------------------------------------------------------------------
+
+
+def run_entry(model: str, kv: str, backend: str, moe: str) -> dict[str, Any]:
+    """A run's identifying fields (``moe`` only for a model with experts)."""
+    entry: dict[str, Any] = {"model": model, "kv": kv, "backend": backend}
+    if model in MOE_MODELS:
+        entry["moe"] = moe
+    return entry
 
 
 def run_name(run: dict[str, Any]) -> str:
@@ -599,9 +605,7 @@ def _run_in_subprocess(
 ) -> dict[str, Any]:
     """One run (``--one``) in a subprocess of its own; its result, or the
     error it ended with."""
-    entry: dict[str, Any] = {"model": model, "kv": kv, "backend": backend}
-    if model in MOE_MODELS:
-        entry["moe"] = moe
+    entry = run_entry(model, kv, backend, moe)
     name = run_name(entry)
     path = work / f"{name}.json"
     cmd = [sys.executable, __file__, "--layers", str(args.layers)]
