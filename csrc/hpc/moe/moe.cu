@@ -79,8 +79,10 @@ void fused_moe_fp8(const MoeParams& p, cudaStream_t stream) {
   if (!p.tiling.slot_tiles) {
     const dim3 grid(
         static_cast<unsigned>(route_ctas(int64_t(p.num_tokens) * p.topk)));
-    launch_with_pdl(moe_route_count_kernel, grid, dim3(kRouteThreads),
-                    p.num_experts * sizeof(int), stream, p);
+    if (grid.x > 1) {
+      launch_with_pdl(moe_route_count_kernel, grid, dim3(kRouteThreads),
+                      p.num_experts * sizeof(int), stream, p);
+    }
     launch_with_pdl(moe_route_place_kernel, grid, dim3(kRouteThreads),
                     3 * p.num_experts * sizeof(int), stream, p);
   }

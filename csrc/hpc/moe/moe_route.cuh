@@ -9,6 +9,9 @@
 //          the counts of the CTAs before it and writes its slots' sorted
 //          rows; CTA 0 writes the offsets and the tile table
 //
+// Slots that one CTA takes need no count kernel: the place kernel's one CTA
+// counts them itself and keeps the numbers in registers.
+//
 // Spread over CTAs because one CTA for a whole prefill batch is bound by
 // its SM's shared atomics and scattered stores. Rows of one expert are listed
 // CTA by CTA, within a CTA in arrival order: the order does not change any
@@ -31,26 +34,39 @@ namespace moe {
 constexpr int kRouteRankBits = 11;
 static_assert(kRouteSlotsPerCta <= (1 << kRouteRankBits));
 
-// f(slot, local expert or -1) for this CTA's slots, kRouteSlotBatch a
-// thread, all of whose experts are loaded first: the loads (the router's id,
-// then the expert map's entry) overlap instead of each waiting a round trip.
-template <class F>
-__device__ __forceinline__ void for_each_cta_slot(const MoeParams& p, int slots,
-                                                  F&& f) {
-  const int first = blockIdx.x * kRouteSlotsPerCta + threadIdx.x;
-  int e[kRouteSlotBatch];
-#pragma unroll
-  for (int b = 0; b < kRouteSlotBatch; ++b) {
-    const int s = first + b * kRouteThreads;
-    e[b] = s < slots ? local_expert(p, s) : -1;
-  }
-#pragma unroll
-  for (int b = 0; b < kRouteSlotBatch; ++b) {
-    const int s = first + b * kRouteThreads;
-    if (s < slots) f(s, e[b]);
-  }
+// Slot `b` of this thread's kRouteSlotBatch (it may lie past the slots).
+__device__ __forceinline__ int route_slot(int b) {
+  return blockIdx.x * kRouteSlotsPerCta + b * kRouteThreads + threadIdx.x;
 }
 
+// Counts this CTA's slots per local expert into `count` (shared, [E]) and
+// numbers each within its expert: numbered[b] = expert << kRouteRankBits |
+// number, or -1 (no local expert, or past the slots). A thread takes
+// kRouteSlotBatch slots and loads all their experts first: the loads (the
+// router's id, then the expert map's entry) overlap instead of each waiting
+// a round trip.
+__device__ __forceinline__ void count_cta_slots(
+    const MoeParams& p, int* count, int (&numbered)[kRouteSlotBatch]) {
+  for (int e = threadIdx.x; e < p.num_experts; e += kRouteThreads) {
+    count[e] = 0;
+  }
+  __syncthreads();
+  const int slots = p.num_tokens * p.topk;
+  int expert[kRouteSlotBatch];
+#pragma unroll
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int s = route_slot(b);
+    expert[b] = s < slots ? local_expert(p, s) : -1;
+  }
+#pragma unroll
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int e = expert[b];
+    numbered[b] = e >= 0 ? (e << kRouteRankBits) | atomicAdd(&count[e], 1) : -1;
+  }
+  __syncthreads();
+}
+
+// Launched only when the slots take more than one CTA (moe.cu).
 __global__ void __launch_bounds__(kRouteThreads)
     moe_route_count_kernel(const MoeParams p) {
   extern __shared__ int route_smem[];
@@ -60,19 +76,20 @@ __global__ void __launch_bounds__(kRouteThreads)
   pdl_wait_for_producer();
   pdl_launch_dependents();
 
-  const int num_experts = p.num_experts;
+  int numbered[kRouteSlotBatch];
+  count_cta_slots(p, count, numbered);
   int32_t* slot_row =
       reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
-  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) count[e] = 0;
-  __syncthreads();
-  for_each_cta_slot(p, p.num_tokens * p.topk, [&](int s, int e) {
-    slot_row[s] = e >= 0 ? (e << kRouteRankBits) | atomicAdd(&count[e], 1) : -1;
-  });
-  __syncthreads();
+  const int slots = p.num_tokens * p.topk;
+#pragma unroll
+  for (int b = 0; b < kRouteSlotBatch; ++b) {
+    const int s = route_slot(b);
+    if (s < slots) slot_row[s] = numbered[b];
+  }
   int32_t* counts = reinterpret_cast<int32_t*>(
       p.workspace + p.layout.route_counts() +
-      sizeof(int32_t) * int64_t(blockIdx.x) * num_experts);
-  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) {
+      sizeof(int32_t) * int64_t(blockIdx.x) * p.num_experts);
+  for (int e = threadIdx.x; e < p.num_experts; e += kRouteThreads) {
     counts[e] = count[e];
   }
 }
@@ -84,22 +101,38 @@ __global__ void __launch_bounds__(kRouteThreads)
   int* total = route_smem;                         // [E]: rows, all CTAs
   int* base = route_smem + num_experts;            // [E]: this CTA's first
   int* first_tile = route_smem + 2 * num_experts;  // [E]
-  pdl_wait_for_producer();  // the count kernel's counts and numbers
+  // The count kernel's counts and numbers, or with one CTA (no count
+  // kernel) the previous call's readers of the tables.
+  pdl_wait_for_producer();
   pdl_launch_dependents();
 
   const int tile_rows = p.tiling.token_tile;
-  const int32_t* counts =
-      reinterpret_cast<const int32_t*>(p.workspace + p.layout.route_counts());
-  // Written by the count kernel, maybe on another SM: read through L2.
-  for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) {
-    int all = 0, before = 0;
-    for (int g = 0; g < static_cast<int>(gridDim.x); ++g) {
-      const int c = __ldcg(counts + int64_t(g) * num_experts + e);
-      all += c;
-      if (g < static_cast<int>(blockIdx.x)) before += c;
+  int32_t* slot_row =
+      reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
+  const int slots = p.num_tokens * p.topk;
+  int numbered[kRouteSlotBatch];
+  if (gridDim.x == 1) {
+    count_cta_slots(p, total, numbered);
+    for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) base[e] = 0;
+  } else {
+    const int32_t* counts =
+        reinterpret_cast<const int32_t*>(p.workspace + p.layout.route_counts());
+    // Written by the count kernel, maybe on another SM: read through L2.
+    for (int e = threadIdx.x; e < num_experts; e += kRouteThreads) {
+      int all = 0, before = 0;
+      for (int g = 0; g < static_cast<int>(gridDim.x); ++g) {
+        const int c = __ldcg(counts + int64_t(g) * num_experts + e);
+        all += c;
+        if (g < static_cast<int>(blockIdx.x)) before += c;
+      }
+      total[e] = all;
+      base[e] = before;
     }
-    total[e] = all;
-    base[e] = before;
+#pragma unroll
+    for (int b = 0; b < kRouteSlotBatch; ++b) {
+      const int s = route_slot(b);
+      numbered[b] = s < slots ? __ldcg(slot_row + s) : -1;
+    }
   }
   __syncthreads();
 
@@ -164,25 +197,17 @@ __global__ void __launch_bounds__(kRouteThreads)
 
   int32_t* row_slot =
       reinterpret_cast<int32_t*>(p.workspace + p.layout.row_slot());
-  int32_t* slot_row =
-      reinterpret_cast<int32_t*>(p.workspace + p.layout.slot_row());
-  const int slots = p.num_tokens * p.topk;
-  const int first = blockIdx.x * kRouteSlotsPerCta + threadIdx.x;
-  int numbered[kRouteSlotBatch];
 #pragma unroll
   for (int b = 0; b < kRouteSlotBatch; ++b) {
-    const int s = first + b * kRouteThreads;
-    numbered[b] = s < slots ? __ldcg(slot_row + s) : -1;
-  }
-#pragma unroll
-  for (int b = 0; b < kRouteSlotBatch; ++b) {
-    const int s = first + b * kRouteThreads;
+    const int s = route_slot(b);
+    if (s >= slots) continue;
+    int row = -1;
     if (numbered[b] >= 0) {
-      const int row = base[numbered[b] >> kRouteRankBits] +
-                      (numbered[b] & ((1 << kRouteRankBits) - 1));
+      row = base[numbered[b] >> kRouteRankBits] +
+            (numbered[b] & ((1 << kRouteRankBits) - 1));
       row_slot[row] = s;
-      slot_row[s] = row;
     }
+    slot_row[s] = row;
   }
 }
 
