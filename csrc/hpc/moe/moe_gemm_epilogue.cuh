@@ -267,16 +267,36 @@ __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile,
   }
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 
+  // The copy-out: a thread takes one 16-byte chunk (8 rows of H) of every
+  // kTokensPerPass-th token. The row indices and chunks of kBatch tokens are
+  // loaded before any of them is stored, so their shared-memory latencies
+  // overlap instead of each store waiting for its own.
   __nv_bfloat16* down =
       reinterpret_cast<__nv_bfloat16*>(p.workspace + p.layout.down_rows());
   constexpr int kChunks = kCtaRows / 8;
-  for (int c = threadIdx.x; c < kTokens * kChunks; c += kConsumerThreads) {
-    const int tok = c / kChunks;
-    const int col = n0 + (c % kChunks) * 8;
-    if (tok < tile.rows && col < p.hidden) {
-      *reinterpret_cast<uint4*>(down + int64_t(rows[tok]) * p.hidden + col) =
-          *reinterpret_cast<const uint4*>(staged +
-                                          staged_down_index(tok, col - n0));
+  constexpr int kTokensPerPass = kConsumerThreads / kChunks;
+  constexpr int kPasses = (kTokens + kTokensPerPass - 1) / kTokensPerPass;
+  constexpr int kBatch = kPasses < 4 ? kPasses : 4;
+  static_assert(kPasses % kBatch == 0);
+  const int chunk = threadIdx.x % kChunks;
+  const int col = n0 + chunk * 8;
+  if (col >= p.hidden) return;
+  for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
+    if (pass0 * kTokensPerPass >= tile.rows) break;
+    int64_t dst[kBatch];
+    uint4 chunk_values[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int tok = (pass0 + b) * kTokensPerPass + threadIdx.x / kChunks;
+      dst[b] = tok < tile.rows ? int64_t(rows[tok]) * p.hidden + col : -1;
+      chunk_values[b] = *reinterpret_cast<const uint4*>(
+          staged + staged_down_index(tok, chunk * 8));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (dst[b] >= 0) {
+        *reinterpret_cast<uint4*>(down + dst[b]) = chunk_values[b];
+      }
     }
   }
 }
