@@ -684,7 +684,7 @@ class MoeTiling:
     """The run-time tiling of :func:`fused_moe_fp8` for one call (the
     ``moe_tiling`` function of ``csrc/hpc/moe/moe_tiling.h``)."""
 
-    token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..128
+    token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..64, 96, 128
     max_tiles: int  # token tiles over all local experts, at most
     gate_up_blocks: int  # 128-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM

@@ -15,8 +15,8 @@
 //                   128
 //   2 consumer WGs  wgmma per k-block into a block accumulator, folded
 //                   into the result with that k-block's weight and
-//                   activation scales (per-tensor ones broadcast); the
-//                   128-token tiles (per-tensor only) have no room for the
+//                   activation scales (per-tensor ones broadcast); tiles
+//                   over 64 tokens (per-tensor only) have no room for the
 //                   block accumulator: they accumulate in place, one
 //                   k-block's wgmma in flight, and scale once at the end
 //

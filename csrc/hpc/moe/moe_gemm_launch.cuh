@@ -104,6 +104,9 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
       return launch_gemm_tile<kGateUp, 32>(p, weights, stream);
     case 64:
       return launch_gemm_tile<kGateUp, 64>(p, weights, stream);
+    case kThreeQuarterTokenTile:
+      return launch_gemm_tile<kGateUp, kThreeQuarterTokenTile>(p, weights,
+                                                               stream);
     case 128:
       return launch_gemm_tile<kGateUp, 128>(p, weights, stream);
     default:

@@ -41,6 +41,15 @@ constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
 constexpr int kMaxTopk = limits::kMoeMaxTopk;
 constexpr int kMinTokenTile = 8;
 constexpr int kMaxTokenTile = 128;
+// The one token tile between 64 and kMaxTokenTile: an expert with 129-192
+// rows (tp8 or tp1 at 4096 tokens: 171 on average) fills two 96-token tiles
+// to 89% where two 128-token ones are 67% full.
+constexpr int kThreeQuarterTokenTile = 96;
+// What moe_tiling() counts a token tile at, per k-block of its expert's
+// rows, besides its token columns: the weight rows it streams (32 KB, as
+// many bytes as 256 token rows), counted half, as an expert's tiles share
+// them in L2. So a narrower tile pays only where it saves padding columns.
+constexpr int kTileWeightColumns = 128;
 // Block-wise scaling folds each k-block's partial product into the result
 // with its scales, which takes a second accumulator: the widest tile whose
 // two accumulators fit in a consumer thread's registers.
@@ -148,7 +157,7 @@ constexpr int kMinGroupedWaves = 8;
 constexpr int kMaxGateUpGroup = 2;
 
 struct MoeTiling {
-  int token_tile;           // tokens per GEMM tile: 8, 16, 32, 64 or 128
+  int token_tile;           // tokens per GEMM tile: 8, 16, 32, 64, 96, 128
   int max_tiles;            // tiles over all local experts, at most (grid size)
   int gate_up_blocks;       // 128-column blocks of the intermediate
   int gate_up_split;        // K ranges of the gate-up GEMM, each its own CTA
@@ -206,6 +215,18 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   t.token_tile = kMinTokenTile;
   while (t.token_tile < per_expert && t.token_tile < widest) {
     t.token_tile *= 2;
+  }
+  // Between 64 and 128, whichever tile makes the fewer columns an expert
+  // is expected to take (an expert's rows are Poisson; kTileWeightColumns).
+  if (t.token_tile == kMaxTokenTile) {
+    const double lambda = double(rows) / all_experts;
+    auto cost = [&](int tile) {
+      return expected_tiles_per_expert(lambda, tile) *
+             (tile + kTileWeightColumns);
+    };
+    if (cost(kThreeQuarterTokenTile) < cost(kMaxTokenTile)) {
+      t.token_tile = kThreeQuarterTokenTile;
+    }
   }
   // An expert with c rows takes ceil(c / tile) tiles, so all tiles number
   // at most rows / tile + (experts with any row).

@@ -150,14 +150,23 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=64, topk=8),
         spare=0,
     ),
-    # ~75 rows per expert, per-tensor: 128-token tiles (the widest, scaled
-    # once after the mainloop), the last tile of each expert partial.
+    # ~75 rows per expert, per-tensor: 96-token tiles (scaled once after
+    # the mainloop), the last tile of each expert partial.
     dict(
         name="tensor-dynamic-wide-tiles",
         weights=dict(
             num_experts=4, hidden_size=512, intermediate_size=256, block_wise=False
         ),
         inputs=dict(num_tokens=150, topk=2, static_a1=False),
+        spare=0,
+    ),
+    # ~120 rows per expert: 128-token tiles, the widest.
+    dict(
+        name="tensor-static-widest-tiles",
+        weights=dict(
+            num_experts=4, hidden_size=512, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=240, topk=2),
         spare=0,
     ),
 ]

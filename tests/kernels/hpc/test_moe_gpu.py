@@ -417,7 +417,7 @@ def test_cases_cover_every_tiling() -> None:
         )
         for c in _grid_cases() + _ep_cases() + _feature_cases() + _large_cases()
     ]
-    assert {t.token_tile for t in tilings} == {8, 16, 32, 64, 128}
+    assert {t.token_tile for t in tilings} == {8, 16, 32, 64, 96, 128}
     assert any(t.gate_up_split > 1 for t in tilings)
     assert any(t.token_tile == 8 and t.gate_up_split == 1 for t in tilings)
     assert {t.down_group == 1 for t in tilings} == {True, False}

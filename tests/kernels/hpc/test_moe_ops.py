@@ -703,7 +703,8 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
             tokens, topk, local, experts, hidden, inter, sms, block_wise
         )
         # Block-wise scaling keeps a second accumulator: 64 tokens at most.
-        assert t.token_tile in ((8, 16, 32, 64) if block_wise else (8, 16, 32, 64, 128))
+        widths = (8, 16, 32, 64) if block_wise else (8, 16, 32, 64, 96, 128)
+        assert t.token_tile in widths
         if tokens in W3_TOKENS:  # ascending
             assert t.token_tile >= last_tile
             last_tile = t.token_tile
@@ -789,7 +790,7 @@ def test_tiling_w3_choices() -> None:
     # of 3-stage CTAs, not of 2-stage ones).
     assert tiling("tp8", 128).gate_up_ctas_per_sm == 2
     assert tiling("tp8", 128).down_ctas_per_sm == 3
-    assert tiling("tp1", 4096).down_ctas_per_sm == 1  # 128-token tiles
+    assert tiling("tp1", 4096).down_ctas_per_sm == 1  # 96-token tiles
     # Up to 16 tokens (128 slots) the grouped path runs without the route.
     assert tiling("tp1", 1).slot_tiles and tiling("tp8", 16).slot_tiles
     assert not tiling("tp8", 32).slot_tiles
@@ -817,9 +818,15 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp1", 1).gate_up_group == 1  # split K
     # Tokens per expert grow with the batch: 256 x 8 / 192 = 11 -> 16.
     assert tiling("tp1", 256).token_tile == 16
-    # 4096 x 8 / 192 = 171 rows per expert: 128-token tiles per-tensor, 64
-    # block-wise.
-    assert tiling("tp1", 4096).token_tile == 128
+    # 4096 x 8 / 192 = 171 rows per expert: two 96-token tiles per-tensor
+    # (192 columns, where two 128-token tiles take 256), 64 block-wise.
+    # 2048 tokens: 85 rows, one 96-token tile; from ~100 rows one 128-token
+    # tile costs less than two of 96.
+    assert tiling("tp1", 4096).token_tile == 96
+    assert tiling("tp8", 4096).token_tile == 96
+    assert tiling("tp1", 2048).token_tile == 96
+    assert tiling("tp1", 2600).token_tile == 128
+    assert tiling("tp1", 16384).token_tile == 128
     assert tiling("tp1", 4096, block_wise=True).token_tile == 64
     assert tiling("tp1", 1024).token_tile == 64
     # The decode path: one token at TP8 (8 experts x 24 chunks of 8 columns
