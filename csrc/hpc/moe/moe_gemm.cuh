@@ -155,7 +155,7 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
                              const TileInfo& tile, int n0, int kb, int stage,
                              uint64_t* full, uint8_t* smem) {
   // The down GEMM's last row block may end past H (H % 256 == 128): its
-  // second warpgroup then gets no rows, skips its wgmma (mma_stages()) and
+  // second warpgroup then gets no rows, computes on stale shared memory and
   // stores nothing. (A gate-up block always starts below I.)
   const int boxes = kGateUp || n0 + kWgRows < p.hidden ? 2 : 1;
   FullBarrier::arrive_and_expect_tx(&full[stage],
@@ -289,9 +289,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   using namespace cute;
   constexpr int kTokens = Config::kTokens;
   using Fp8 = typename Config::Fp8;
-  // Broadcast from lane 0, so that the compiler sees one value per warp:
-  // mma_k_block() issues wgmma under conditions on it.
-  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  const int wg = threadIdx.x / 128;
   const int lane = threadIdx.x % 32;
 
   Tensor weights =
@@ -308,37 +306,6 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   static_assert(decltype(size<0>(acc))::value == kTokens / 2 &&
                 decltype(size<1>(acc))::value == kWgRows / 64 &&
                 decltype(size<2>(acc))::value == 1);
-  constexpr int kRowBlocks = kWgRows / 64;
-  constexpr int kKSteps = decltype(size<2>(tCrA))::value;
-  // The wgmma of a 64-row block past the weight's rows, or of a k step past
-  // K, would multiply the zeros TMA filled in: they are skipped (tp8's
-  // I = 192 leaves half of the second gate-up block and of the down GEMM's
-  // second k-block empty).
-  const int rows_left = kGateUp ? p.inter - n0 : p.hidden - n0 - wg * kWgRows;
-  const int row_blocks = min(kRowBlocks, max(0, ceil_div(rows_left, 64)));
-  const int K = kGateUp ? p.hidden : p.inter;
-  auto k_steps = [&](int kb) {
-    return min(kKSteps, ceil_div(K - kb * kTileK, kTileK / kKSteps));
-  };
-  // acc(_, m, 0) (or blk's) += the k-block's product for the valid row
-  // blocks and k steps; `zero_first`: the first k step overwrites.
-  auto mma_k_block = [&](auto& out, int kb, bool zero_first) {
-    const int steps = k_steps(kb);
-#pragma unroll
-    for (int k = 0; k < kKSteps; ++k) {
-      // k step 0 is always inside K.
-      mma.accumulate_ =
-          zero_first && k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-      if (k == 0 || k < steps) {
-#pragma unroll
-        for (int m = 0; m < kRowBlocks; ++m) {
-          if (m < row_blocks) {
-            gemm(mma, tCrA(_, m, k, stage), tCrB(_, 0, k, stage), out(_, m, 0));
-          }
-        }
-      }
-    }
-  };
   auto advance = [&] {
     if (++stage == Config::kStages) {
       stage = 0;
@@ -373,7 +340,6 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       return tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
     };
     Tensor blk = make_fragment_like(acc);
-    clear(blk);  // the row blocks mma_k_block() skips stay zero
     clear(acc);
     for (int kb = kb_begin; kb < kb_end; ++kb) {
       // Loaded before the stage wait so that their latency hides behind
@@ -390,7 +356,12 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       acquire();
       warpgroup_fence_operand(blk);
       warpgroup_arrive();
-      mma_k_block(blk, kb, true);
+      mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+      for (int k = 0; k < size<2>(tCrA); ++k) {
+        gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(blk);
@@ -417,12 +388,16 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     // wgmma accumulate in place, one k-block's staying in flight while the
     // next k-block's are issued, and the scales apply once at the end.
     clear(acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
     int in_flight = -1;  // the stage whose wgmma may still be running
     for (int kb = kb_begin; kb < kb_end; ++kb) {
       acquire();
       warpgroup_fence_operand(acc);
       warpgroup_arrive();
-      mma_k_block(acc, kb, false);
+#pragma unroll
+      for (int k = 0; k < size<2>(tCrA); ++k) {
+        gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
+      }
       warpgroup_commit_batch();
       warpgroup_wait<1>();
       warpgroup_fence_operand(acc);
