@@ -45,10 +45,11 @@ constexpr int kMaxTokenTile = 128;
 // rows (tp8 or tp1 at 4096 tokens: 171 on average) fills two 96-token tiles
 // to 89% where two 128-token ones are 67% full.
 constexpr int kThreeQuarterTokenTile = 96;
-// What moe_tiling() counts a token tile at, per k-block of its expert's
-// rows, besides its token columns: the weight rows it streams (32 KB, as
-// many bytes as 256 token rows), counted half, as an expert's tiles share
-// them in L2. So a narrower tile pays only where it saves padding columns.
+// What moe_tiling() adds to a token tile's columns when it compares tile
+// widths: the weight bytes the tile streams per k-block (32 KB, those of 256
+// token rows), counted half, since an expert's tiles read them from DRAM
+// once between them. So a narrower tile is chosen only where it saves
+// padding columns.
 constexpr int kTileWeightColumns = 128;
 // Block-wise scaling folds each k-block's partial product into the result
 // with its scales, which takes a second accumulator: the widest tile whose
