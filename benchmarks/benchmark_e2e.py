@@ -85,6 +85,9 @@ MOE_BACKENDS: dict[str, str | None] = {"hpc": "hpc", "vllm": None}
 MOE_IMPL_NAMES = {"hpc": "hpc", "vllm": "vllm_moe"}
 MOE_MODELS = ("hy3",)
 
+# A run's timed phases and the fields holding their times.
+TIMED_FIELDS = (("decode", "decode_step_us"), ("prefill", "prefill_us"))
+
 LONG_PROMPT = 32768
 SHORT_PROMPT = 4096
 NUM_SHORT = 31
@@ -531,7 +534,7 @@ def _moe_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         if len(ran) < 2:
             continue
-        for what, field in (("decode", "decode_step_us"), ("prefill", "prefill_us")):
+        for what, field in TIMED_FIELDS:
             timings = {impl: run[field] for impl, run in ran.items()}
             for impl, us in timings.items():
                 extra: dict[str, Any] = {"init_s": ran[impl]["init_s"]}
@@ -559,7 +562,7 @@ def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
     by_key = {(r["model"], r["kv"], r["backend"]): r for r in runs if "error" not in r}
     for model, kv in sorted({(r["model"], r["kv"]) for r in runs}):
         hpc = by_key.get((model, kv, "HPC_ATTN"))
-        for what, field in (("decode", "decode_step_us"), ("prefill", "prefill_us")):
+        for what, field in TIMED_FIELDS:
             timings = {
                 IMPL_NAMES[b]: by_key[(model, kv, b)][field]
                 for b in IMPL_NAMES

@@ -19,7 +19,7 @@ constexpr int kRouteSlotBatch = 4;
 constexpr int kRouteSlotsPerCta = kRouteThreads * kRouteSlotBatch;
 
 HPC_MOE_HD int64_t route_ctas(int64_t slots) {
-  return (slots + kRouteSlotsPerCta - 1) / kRouteSlotsPerCta;
+  return ceil_div(slots, kRouteSlotsPerCta);
 }
 
 // Where each array lives in the flat workspace, for up to `max_tokens`
