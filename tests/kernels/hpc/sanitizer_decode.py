@@ -68,6 +68,40 @@ CASES: list[dict[str, object]] = [
         workspace=dict(),
         split=False,
     ),
+    # FP8 cache, bf16 queries (quantized by the kernel into two E4M3 terms):
+    # 4 query tokens x GQA 8 = 32 rows, the warpgroups splitting them.
+    dict(
+        name="fp8-kv-bf16-q-rows32",
+        inputs=dict(
+            lens=[4, 129, 300],
+            num_q_heads=16,
+            num_kv_heads=2,
+            head_size=128,
+            block_size=32,
+            kv_dtype=FP8_DTYPE,
+            query_tokens=4,
+            layout=CacheLayout.HPC,
+        ),
+        workspace=dict(),
+        split=False,
+    ),
+    # The same with 4 query tokens x GQA 16 = 64 rows, D=64.
+    dict(
+        name="fp8-kv-fp16-q-rows64",
+        inputs=dict(
+            lens=[70, 5],
+            num_q_heads=16,
+            num_kv_heads=1,
+            head_size=64,
+            block_size=16,
+            kv_dtype=FP8_DTYPE,
+            q_dtype=torch.float16,
+            out_dtype=torch.float16,
+            query_tokens=4,
+        ),
+        workspace=dict(),
+        split=False,
+    ),
     # Four query tokens x GQA 4, fp16, stacked K/V tensor.
     dict(
         name="q4-gqa4-fp16",
