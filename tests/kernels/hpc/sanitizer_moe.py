@@ -160,6 +160,17 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=150, topk=2, static_a1=False),
         spare=0,
     ),
+    # H % 256 == 128 on the grouped path: each down tile's last row block
+    # ends half past H (its second warpgroup's rows are not stored); ~60
+    # rows per expert, 64-token tiles.
+    dict(
+        name="tensor-static-half-row-block",
+        weights=dict(
+            num_experts=8, hidden_size=640, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=240, topk=2),
+        spare=0,
+    ),
     # ~120 rows per expert: 128-token tiles, the widest.
     dict(
         name="tensor-static-widest-tiles",

@@ -310,6 +310,12 @@ def _feature_cases() -> list[Case]:
             shared=True,
             ep="range",
         ),
+        # H % 256 == 128: the down GEMM's last row block ends half past H, so
+        # its second warpgroup's rows are stored nowhere; slot tiles, narrow
+        # routed tiles and wide ones.
+        Case(tokens=16, shape=Shape(192, 8, 1152, 256), quant="tensor-static"),
+        Case(tokens=300, shape=Shape(192, 8, 1152, 256), quant="block", shared=True),
+        Case(tokens=300, shape=Shape(8, 8, 1152, 256), quant="tensor-dynamic"),
         # One-element scales shaped [1].
         Case(tokens=64, shape=EP_SHAPE, quant="tensor-fp8", scalar_shape=(1,)),
         Case(tokens=257, shape=EP_SHAPE, quant="tensor-static", scalar_shape=(1,)),
