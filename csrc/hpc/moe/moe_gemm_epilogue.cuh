@@ -241,6 +241,63 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
   }
 }
 
+// Gate-up epilogue of wide warpgroups (GemmConfig::kWide: kRows = 192
+// rows each, the CTA's one column block): both warpgroups stage their values
+// (warpgroup 0 the gate's, 1 the up's) as fp32 [2][kTokens][kRows] in the
+// stage buffers, free once both are past their wgmma; 8-column groups are
+// swizzled by the token's bits 1..2 (the four tokens a warp's quads write
+// at once fall in other banks). Then each thread makes h = SiLU(gate) * up
+// for 16 columns of a token and stores them quantized with the per-tensor
+// scale (wide warpgroups are per-tensor only) into two 8-byte stores.
+template <int kTokens, int kRows, class Acc, class Coord>
+__device__ void gate_up_epilogue_wide(const MoeParams& p, const TileInfo& tile,
+                                      const int* rows, int n0,
+                                      float static_scale, const Acc& acc,
+                                      const Coord& coord, uint8_t* stages) {
+  using cute::get;
+  static_assert(kAccValues<Acc> * 128 == kTokens * kRows);
+  const int wg = threadIdx.x / 128;
+  float* staged = reinterpret_cast<float*>(stages);
+  auto index = [](int w, int tok, int col) {
+    return (w * kTokens + tok) * kRows + (col ^ (((tok >> 1) & 3) << 3));
+  };
+  // Both warpgroups' wgmma are done, and with them every read of the
+  // stages (all of whose copies the mainloop waited for).
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+#pragma unroll
+  for (int i = 0; i < cute::size(acc); ++i) {
+    staged[index(wg, get<1>(coord(i)), get<0>(coord(i)))] = acc(i);
+  }
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+
+  uint8_t* inter = p.workspace + p.layout.inter_q();
+  constexpr int kChunks = kRows / 16;
+  for (int i = threadIdx.x; i < kTokens * kChunks; i += kConsumerThreads) {
+    const int tok = i / kChunks;
+    const int col = (i % kChunks) * 16;
+    if (tok >= tile.rows || n0 + col >= p.inter) continue;
+    uint8_t* dst = inter + int64_t(rows[tok]) * p.inter + n0 + col;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float h[8];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int c = col + 8 * half + 4 * q;
+        const float4 g =
+            *reinterpret_cast<const float4*>(staged + index(0, tok, c));
+        const float4 u =
+            *reinterpret_cast<const float4*>(staged + index(1, tok, c));
+        h[4 * q] = silu(g.x) * u.x;
+        h[4 * q + 1] = silu(g.y) * u.y;
+        h[4 * q + 2] = silu(g.z) * u.z;
+        h[4 * q + 3] = silu(g.w) * u.w;
+      }
+      // Divided, as the quantize stage does (moe_quantize.cuh).
+      store8_fp8_divided(dst + 8 * half, h, static_scale);
+    }
+  }
+}
+
 // Element index of weight row `row` of token `tok` in down_epilogue()'s
 // staged rows, [kTokens][kCtaRows] with 8-row (16-byte) chunks swizzled by
 // the token's bits 1..2: the four tokens a warp's quads write at once fall
