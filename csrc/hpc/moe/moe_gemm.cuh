@@ -70,14 +70,21 @@ struct GemmConfig {
   static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
   static_assert(kWgRows == hpc::moe::kWgRows ||
                 (kWide && kTokens == kThreeQuarterTokenTile));
-  // Wide warpgroups' accumulators need more registers than a CTA of two
-  // consumer warpgroups and a producer warp may give each thread (ptxas
-  // holds such a CTA to 168): their producer is a warpgroup of its own
-  // (one warp copying), which hands its registers to the consumers.
-  static constexpr int kThreads = kWide ? kConsumerThreads + 128 : kGemmThreads;
-  static constexpr int kProducerRegs = 80;  // its token-row addresses
-  static constexpr int kConsumerRegs = 216;
-  static_assert(!kWide ||
+  // A CTA of two consumer warpgroups and a producer warp gets at most 168
+  // registers a thread from ptxas (the 96- and 128-token tiles use all of
+  // them; 64-token tiles spill). A CTA alone on its SM has a producer
+  // warpgroup instead (one warp copies), which hands its registers to the
+  // consumers (setmaxnreg); wide warpgroups' 144 accumulators need that.
+  static constexpr bool kProducerWarpgroup = kCtasPerSm == 1;
+  static constexpr int kThreads =
+      kProducerWarpgroup ? kConsumerThreads + 128 : kGemmThreads;
+  // The producer keeps a 64-bit token-row address per 16-byte chunk it
+  // copies a stage (kChunksPerLane); the consumers get the rest.
+  static constexpr int kProducerRegs =
+      (2 * kTokens * (kTileK / 16) / 32 + 40 + 7) / 8 * 8;
+  static constexpr int kConsumerRegs =
+      (64 * 1024 - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
+  static_assert(!kProducerWarpgroup ||
                 128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     64 * 1024);
   // Narrow tiles keep few accumulators: two CTAs per SM with 3 stages each

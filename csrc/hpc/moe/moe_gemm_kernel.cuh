@@ -131,10 +131,10 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   }
   __syncthreads();
 
-  // The producer: warp kConsumerThreads / 32 copies (with wide warpgroups,
-  // the rest of its warpgroup hands its registers over too, and leaves).
+  // The producer: warp kConsumerThreads / 32 copies (with a producer
+  // warpgroup, the rest of it hands its registers over too, and leaves).
   if (warp >= kConsumerThreads / 32) {
-    if constexpr (Config::kWide) {
+    if constexpr (Config::kProducerWarpgroup) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     }
     if (warp == kConsumerThreads / 32) {
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     }
     return;
   }
-  if constexpr (Config::kWide) {
+  if constexpr (Config::kProducerWarpgroup) {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegs>();
   }
 
