@@ -686,7 +686,8 @@ class MoeTiling:
 
     token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..64, 96, 128
     max_tiles: int  # token tiles over all local experts, at most
-    gate_up_blocks: int  # 128-column blocks of the intermediate
+    gate_up_rows: int  # weight rows per gate-up warpgroup: 128 or 192
+    gate_up_blocks: int  # gate_up_rows-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM
     gate_up_group: int  # column blocks per gate-up CTA (1 when K is split)
     gate_up_ctas_per_sm: int  # gate-up CTAs sharing an SM (1, 2 or 3)

@@ -57,12 +57,42 @@ using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
 // kCtasPerSm: CTAs sharing an SM (moe_tiling.h: gemm_ctas_per_sm(), or
 // kDenseMinTileCtasPerSm for 8-token tiles chosen so by the tiling).
-template <int kTokenTile, int kCtasPerSmValue>
+// kWgRows: weight rows per consumer warpgroup, kWideWgRows for the gate-up
+// GEMM of a tiling whose gate_up_rows says so.
+template <int kTokenTile, int kCtasPerSmValue, int kWgRowsValue = kWgRows>
 struct GemmConfig {
   static constexpr int kTokens = kTokenTile;
   static constexpr int kCtasPerSm = kCtasPerSmValue;
+  static constexpr int kWgRows = kWgRowsValue;
+  // The CTA's one column block: its epilogue stages in the stage buffers.
+  static constexpr bool kWide = kWgRows == kWideWgRows;
   static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
   static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
+  static_assert(kWgRows == hpc::moe::kWgRows ||
+                (kWide && kTokens == kThreeQuarterTokenTile));
+  // A CTA of two consumer warpgroups and a producer warp gets at most 168
+  // registers a thread from ptxas (the 96- and 128-token tiles use all of
+  // them; 64-token tiles spill). A CTA alone on its SM has a producer
+  // warpgroup instead (one warp copies), which hands its registers to the
+  // consumers (setmaxnreg); wide warpgroups' 144 accumulators need that.
+  static constexpr bool kProducerWarpgroup = kCtasPerSm == 1;
+  static constexpr int kThreads =
+      kProducerWarpgroup ? kConsumerThreads + 128 : kGemmThreads;
+  // What the CTA is given at launch, per thread: the register file over its
+  // threads, in units of 8 (ptxas gives a kernel that uses setmaxnreg all
+  // that its launch bounds allow). setmaxnreg only moves registers between
+  // the CTA's own warps, so the budgets below must fit in it: an increase
+  // that does not waits forever.
+  static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
+  // The producer keeps a 64-bit token-row address per 16-byte chunk it
+  // copies a stage (kChunksPerLane); the consumers get the rest.
+  static constexpr int kProducerRegs =
+      (2 * kTokens * (kTileK / 16) / 32 + 40 + 7) / 8 * 8;
+  static constexpr int kConsumerRegs =
+      (kThreads * kLaunchRegs - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
+  static_assert(!kProducerWarpgroup ||
+                128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                    kThreads * kLaunchRegs);
   // Narrow tiles keep few accumulators: two CTAs per SM with 3 stages each
   // put more weight bytes in flight per SM than one CTA with 5, and halve
   // the work per wave. Wide tiles need the registers of one CTA per SM.
@@ -98,11 +128,16 @@ struct GemmConfig {
   // (apart from the stages, which keep loading the CTA's next block
   // meanwhile): a tile's 256 16-bit down rows, or the gate-up's fp32 up
   // values (later its FP8 rows) and per-token amax; 1024-byte aligned.
+  // Wide warpgroups: the staging (gate and up values, fp32) in the stage
+  // buffers, free once the CTA's one block is done.
   static constexpr int kWeightBytes = 2 * kStages * kWgStageBytes;
-  static constexpr int kStagingOffset =
-      kWeightBytes + kStages * kTokenStageBytes;
-  static constexpr int kStagingBytes = kTokens * (kCtaRows * 2 + 4);
-  static constexpr int kBytes = kStagingOffset + kStagingBytes + 1024;
+  static constexpr int kStageBytes = kWeightBytes + kStages * kTokenStageBytes;
+  static constexpr int kStagingOffset = kWide ? 0 : kStageBytes;
+  static constexpr int kStagingBytes =
+      kWide ? 2 * kTokens * kWgRows * 4 : kTokens * (kCtaRows * 2 + 4);
+  static_assert(!kWide || kStagingBytes <= kStageBytes);
+  static constexpr int kBytes =
+      (kWide ? kStageBytes : kStagingOffset + kStagingBytes) + 1024;
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
   // the static shared memory (barriers, the tile's rows, sources and
@@ -127,9 +162,9 @@ struct WorkRange {
 };
 
 // First weight row (gate-up: column of the intermediate) of a block.
-template <bool kGateUp>
+template <bool kGateUp, class Config>
 __device__ __forceinline__ int block_row(int block) {
-  return block * (kGateUp ? kWgRows : kCtaRows);
+  return block * (kGateUp ? Config::kWgRows : 2 * Config::kWgRows);
 }
 
 __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
@@ -157,12 +192,12 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
   // The down GEMM's last row block may end past H (H % 256 == 128): its
   // second warpgroup then gets no rows, computes on stale shared memory and
   // stores nothing. (A gate-up block always starts below I.)
-  const int boxes = kGateUp || n0 + kWgRows < p.hidden ? 2 : 1;
+  const int boxes = kGateUp || n0 + Config::kWgRows < p.hidden ? 2 : 1;
   FullBarrier::arrive_and_expect_tx(&full[stage],
                                     boxes * Config::kWgStageBytes);
   for (int wg = 0; wg < boxes; ++wg) {
     // Gate-up: (k, column, gate|up, expert); down: (k, row, 0, expert).
-    const int row = kGateUp ? n0 : n0 + wg * kWgRows;
+    const int row = kGateUp ? n0 : n0 + wg * Config::kWgRows;
     cute::SM90_TMA_LOAD_4D::copy(
         weights, &full[stage],
         static_cast<uint64_t>(p.tiling.evict_first_weights
@@ -233,9 +268,9 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
     if (i >= Config::kStages) {
       EmptyBarrier::wait(&empty[stage], phase ^ 1);
       if (lane == 0) {
-        load_weights<kGateUp, Config>(p, weights, tile,
-                                      block_row<kGateUp>(range.block(i)), kb,
-                                      stage, full, smem);
+        load_weights<kGateUp, Config>(
+            p, weights, tile, block_row<kGateUp, Config>(range.block(i)), kb,
+            stage, full, smem);
       }
     }
     if (token_rows) {
@@ -304,7 +339,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   Tensor tCrA = thr.make_fragment_A(thr.partition_A(weights));  // (V,M,K,S)
   Tensor tCrB = thr.make_fragment_B(thr.partition_B(tokens));   // (V,N,K,S)
   static_assert(decltype(size<0>(acc))::value == kTokens / 2 &&
-                decltype(size<1>(acc))::value == kWgRows / 64 &&
+                decltype(size<1>(acc))::value == Config::kWgRows / 64 &&
                 decltype(size<2>(acc))::value == 1);
   auto advance = [&] {
     if (++stage == Config::kStages) {
@@ -330,8 +365,8 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
     const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
     // Weight rows of this warpgroup, for its 128 x 128 scale block.
-    const int64_t w_row =
-        kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * kWgRows;
+    const int64_t w_row = kGateUp ? int64_t(wg) * p.inter + n0
+                                  : int64_t(n0) + wg * Config::kWgRows;
     // The activation scale of the token of accumulator value (c, j):
     // values are ((column pair, row half, 8-column group), 64-row block,
     // 1), and the token depends on the first and third only.
@@ -372,7 +407,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
 #pragma unroll
-          for (int m = 0; m < kWgRows / 64; ++m) {
+          for (int m = 0; m < Config::kWgRows / 64; ++m) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const auto v = make_coord(make_coord(c, h, j), m, 0);

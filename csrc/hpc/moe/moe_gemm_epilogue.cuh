@@ -114,6 +114,41 @@ __device__ __forceinline__ int staged_h_index(int tok, int col) {
   return tok * kWgRows + (col ^ (((tok >> 1) & 3) << 3));
 }
 
+// Stores the tile's h values into the intermediate's columns [n0, n0 +
+// kCols) quantized to FP8, 16 columns of one token per thread in two 8-byte
+// stores: `h4(tok, col)` gives the float4 of columns col..col + 3 (relative
+// to n0) of token `tok`, `scale_of(tok, col)` the token's scale for its
+// chunk at `col` (called first for the chunk). Rows past the tile's and
+// columns past the intermediate are skipped.
+template <int kTokens, int kCols, class H4, class ScaleOf>
+__device__ void store_inter_rows(const MoeParams& p, const TileInfo& tile,
+                                 const int* rows, int n0, H4 h4,
+                                 ScaleOf scale_of) {
+  uint8_t* inter = p.workspace + p.layout.inter_q();
+  constexpr int kChunks = kCols / 16;
+  for (int i = threadIdx.x; i < kTokens * kChunks; i += kConsumerThreads) {
+    const int tok = i / kChunks;
+    const int col = (i % kChunks) * 16;
+    if (tok >= tile.rows || n0 + col >= p.inter) continue;
+    const float scale = scale_of(tok, col);
+    uint8_t* dst = inter + int64_t(rows[tok]) * p.inter + n0 + col;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float h[8];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float4 f = h4(tok, col + 8 * half + 4 * q);
+        h[4 * q] = f.x;
+        h[4 * q + 1] = f.y;
+        h[4 * q + 2] = f.z;
+        h[4 * q + 3] = f.w;
+      }
+      // Divided, as the quantize stage does (moe_quantize.cuh).
+      store8_fp8_divided(dst + 8 * half, h, scale);
+    }
+  }
+}
+
 // `rows`: the tile's rows (moe_tiles.cuh). `static_scale`: the
 // intermediate's per-tensor scale (unused block-wise), read by the caller
 // before its mainloop.
@@ -204,41 +239,67 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
   });
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 
-  // 16 columns of a token row per thread: the intermediate's columns
-  // [n0, n0 + 128), and block-wise, the token's scale of that group.
-  uint8_t* inter = p.workspace + p.layout.inter_q();
+  // The intermediate's columns [n0, n0 + 128), and block-wise, the token's
+  // scale of that group.
   float* inter_scale =
       reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
-  constexpr int kChunks = kWgRows / 16;
-  for (int i = threadIdx.x; i < kTokens * kChunks; i += kConsumerThreads) {
-    const int tok = i / kChunks;
-    const int col = (i % kChunks) * 16;
-    if (tok >= tile.rows || n0 + col >= p.inter) continue;
-    float scale = static_scale;
-    if (block_wise) {
-      scale = dynamic_scale(__int_as_float(token_amax[tok]));
-      if (col == 0) {
-        inter_scale[int64_t(rows[tok]) * ceil_div(p.inter, kScaleBlock) +
-                    n0 / kScaleBlock] = scale;
-      }
-    }
-    uint8_t* dst = inter + int64_t(rows[tok]) * p.inter + n0 + col;
+  store_inter_rows<kTokens, kWgRows>(
+      p, tile, rows, n0,
+      [&](int tok, int col) {
+        return *reinterpret_cast<const float4*>(staged +
+                                                staged_h_index(tok, col));
+      },
+      [&](int tok, int col) {
+        if (!block_wise) return static_scale;
+        const float scale = dynamic_scale(__int_as_float(token_amax[tok]));
+        if (col == 0) {
+          inter_scale[int64_t(rows[tok]) * ceil_div(p.inter, kScaleBlock) +
+                      n0 / kScaleBlock] = scale;
+        }
+        return scale;
+      });
+}
+
+// Gate-up epilogue of wide warpgroups (GemmConfig::kWide: kRows = 192
+// rows each, the CTA's one column block): both warpgroups stage their values
+// (warpgroup 0 the gate's, 1 the up's) as fp32 [2][kTokens][kRows] in the
+// stage buffers, free once both are past their wgmma; 8-column groups are
+// swizzled by the token's bits 1..2 (the four tokens a warp's quads write
+// at once fall in other banks). Then each thread makes h = SiLU(gate) * up
+// for 16 columns of a token and stores them quantized with the per-tensor
+// scale (wide warpgroups are per-tensor only) into two 8-byte stores.
+template <int kTokens, int kRows, class Acc, class Coord>
+__device__ void gate_up_epilogue_wide(const MoeParams& p, const TileInfo& tile,
+                                      const int* rows, int n0,
+                                      float static_scale, const Acc& acc,
+                                      const Coord& coord, uint8_t* stages) {
+  using cute::get;
+  static_assert(kAccValues<Acc> * 128 == kTokens * kRows);
+  const int wg = threadIdx.x / 128;
+  float* staged = reinterpret_cast<float*>(stages);
+  auto index = [](int w, int tok, int col) {
+    return (w * kTokens + tok) * kRows + (col ^ (((tok >> 1) & 3) << 3));
+  };
+  // Both warpgroups' wgmma are done, and with them every read of the
+  // stages (all of whose copies the mainloop waited for).
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float h[8];
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const float4 f = *reinterpret_cast<const float4*>(
-            staged + staged_h_index(tok, col + 8 * half + 4 * q));
-        h[4 * q] = f.x;
-        h[4 * q + 1] = f.y;
-        h[4 * q + 2] = f.z;
-        h[4 * q + 3] = f.w;
-      }
-      // Divided, as the quantize stage does (moe_quantize.cuh).
-      store8_fp8_divided(dst + 8 * half, h, scale);
-    }
+  for (int i = 0; i < cute::size(acc); ++i) {
+    staged[index(wg, get<1>(coord(i)), get<0>(coord(i)))] = acc(i);
   }
+  named_barrier_sync(kConsumerBarrier, kConsumerThreads);
+
+  store_inter_rows<kTokens, kRows>(
+      p, tile, rows, n0,
+      [&](int tok, int c) {
+        const float4 g =
+            *reinterpret_cast<const float4*>(staged + index(0, tok, c));
+        const float4 u =
+            *reinterpret_cast<const float4*>(staged + index(1, tok, c));
+        return make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z,
+                           silu(g.w) * u.w);
+      },
+      [&](int, int) { return static_scale; });
 }
 
 // Element index of weight row `row` of token `tok` in down_epilogue()'s

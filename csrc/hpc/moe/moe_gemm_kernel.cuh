@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/tensor.hpp>
 
@@ -36,7 +37,7 @@ __device__ __forceinline__ bool tile_source_complete(const MoeParams& p) {
 // kGateUp: the gate-up GEMM (weights: the 4-D map of w13 as
 // [E][gate|up][I][H]); otherwise the down GEMM (w2 as [E][1][H][I]).
 template <bool kGateUp, class Config>
-__global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
+__global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     moe_gemm_kernel(const __grid_constant__ MoeParams p,
                     const __grid_constant__ CUtensorMap weights,
                     const __grid_constant__ CUtensorMap token_rows) {
@@ -109,9 +110,9 @@ __global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
     has_tile = find_tile<kTokens>(p, tile, tile_rows);
     if (has_tile && tma_thread) {
       for (int i = 0; i < min(range.size(), Config::kStages); ++i) {
-        load_weights<kGateUp, Config>(p, &weights, tile,
-                                      block_row<kGateUp>(range.block(i)),
-                                      range.kb(i), i, full, smem);
+        load_weights<kGateUp, Config>(
+            p, &weights, tile, block_row<kGateUp, Config>(range.block(i)),
+            range.kb(i), i, full, smem);
       }
     }
   };
@@ -124,24 +125,34 @@ __global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
   if (!early) find_tile_and_load_weights();
   if (!has_tile) return;
 
-  for (int t = threadIdx.x; t < kTokens; t += kGemmThreads) {
+  for (int t = threadIdx.x; t < kTokens; t += Config::kThreads) {
     token_src[t] =
         t < tile.rows ? TokenSource<kGateUp>::row_of(p, tile_rows[t]) : 0;
   }
   __syncthreads();
 
-  if (warp == kConsumerThreads / 32) {
-    load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
-                                 range, smem, full, empty);
-    if (kTokens == kMinTokenTile && split > 1) {
-      leave_split_cluster();  // beside merge_split_k()'s threads
+  // The producer: warp kConsumerThreads / 32 copies (with a producer
+  // warpgroup, the rest of it hands its registers over too, and leaves).
+  if (warp >= kConsumerThreads / 32) {
+    if constexpr (Config::kProducerWarpgroup) {
+      cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
+    }
+    if (warp == kConsumerThreads / 32) {
+      load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
+                                   range, smem, full, empty);
+      if (kTokens == kMinTokenTile && split > 1) {
+        leave_split_cluster();  // beside merge_split_k()'s threads
+      }
     }
     return;
+  }
+  if constexpr (Config::kProducerWarpgroup) {
+    cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegs>();
   }
 
   typename Config::TiledMma mma;
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
-  const auto tile_shape = make_shape(Int<kWgRows>{}, Int<kTokens>{});
+  const auto tile_shape = make_shape(Int<Config::kWgRows>{}, Int<kTokens>{});
   Tensor acc = partition_fragment_C(mma, tile_shape);
   const Tensor coord = thr.partition_C(make_identity_tensor(tile_shape));
   int stage = 0;
@@ -153,7 +164,7 @@ __global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
     load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
   }
   for (int block = range.block_begin; block < range.block_end; ++block) {
-    const int n0 = block_row<kGateUp>(block);
+    const int n0 = block_row<kGateUp, Config>(block);
     mma_stages<kGateUp, Config>(p, tile, n0, token_src, tile_scale,
                                 range.kb_begin, range.kb_end, smem, full, empty,
                                 acc, coord, stage, phase);
@@ -168,8 +179,13 @@ __global__ void __launch_bounds__(kGemmThreads, Config::kCtasPerSm)
           return;
         }
       }
-      gate_up_epilogue<kTokens>(p, tile, tile_rows, n0, inter_scale, acc, coord,
-                                smem + Config::kStagingOffset);
+      if constexpr (Config::kWide) {
+        gate_up_epilogue_wide<kTokens, Config::kWgRows>(
+            p, tile, tile_rows, n0, inter_scale, acc, coord, smem);
+      } else {
+        gate_up_epilogue<kTokens>(p, tile, tile_rows, n0, inter_scale, acc,
+                                  coord, smem + Config::kStagingOffset);
+      }
     } else {
       down_epilogue<kTokens>(p, tile, tile_rows, n0, acc, coord,
                              smem + Config::kStagingOffset);

@@ -16,13 +16,14 @@
 namespace hpc {
 namespace moe {
 
-// Boxes of 128 rows x 128 bytes, 128-byte swizzle (the wgmma K-major atom).
-// w13 [E, 2I, H] is viewed as [E][gate|up][I][H] so that a box past I is
-// zero-filled instead of reading the up rows; w2 [E, H, I] as [E][1][H][I].
-template <bool kGateUp>
+// Boxes of a warpgroup's rows x 128 bytes, 128-byte swizzle (the wgmma
+// K-major atom). w13 [E, 2I, H] is viewed as [E][gate|up][I][H] so that a
+// box past I is zero-filled instead of reading the up rows; w2 [E, H, I] as
+// [E][1][H][I].
+template <bool kGateUp, class Config>
 CUtensorMap weight_tensor_map(const MoeParams& p) {
   const uint64_t H = p.hidden, I = p.inter, E = p.num_experts;
-  const uint32_t box[4] = {kTileK, kWgRows, 1, 1};
+  const uint32_t box[4] = {kTileK, Config::kWgRows, 1, 1};
   if constexpr (kGateUp) {
     const uint64_t dims[4] = {H, I, 2, E};
     const uint64_t strides[3] = {H, I * H, 2 * I * H};
@@ -51,9 +52,9 @@ CUtensorMap inter_rows_tensor_map(const MoeParams& p) {
 }
 
 template <bool kGateUp, class Config>
-void launch_gemm_config(const MoeParams& p, const CUtensorMap& weights,
-                        cudaStream_t stream) {
+void launch_gemm_config(const MoeParams& p, cudaStream_t stream) {
   auto kernel = moe_gemm_kernel<kGateUp, Config>;
+  const CUtensorMap weights = weight_tensor_map<kGateUp, Config>(p);
   // Narrow tiles: Config::kCtasPerSm CTAs side by side.
   configure_smem(kernel, Config::kBytes, "fused_moe_fp8");
   const MoeTiling& t = p.tiling;
@@ -72,21 +73,20 @@ void launch_gemm_config(const MoeParams& p, const CUtensorMap& weights,
   const CUtensorMap token_rows = !kGateUp && !t.slot_tiles
                                      ? inter_rows_tensor_map<Config::kTokens>(p)
                                      : weights;
-  launch_with_pdl_clustered(kernel, grid, dim3(kGemmThreads), Config::kBytes,
-                            stream, cluster, p, weights, token_rows);
+  launch_with_pdl_clustered(kernel, grid, dim3(Config::kThreads),
+                            Config::kBytes, stream, cluster, p, weights,
+                            token_rows);
 }
 
 // The instantiation for a token tile at its usual CTAs per SM.
 template <bool kGateUp, int kTokens>
-void launch_gemm_tile(const MoeParams& p, const CUtensorMap& weights,
-                      cudaStream_t stream) {
+void launch_gemm_tile(const MoeParams& p, cudaStream_t stream) {
   launch_gemm_config<kGateUp, GemmConfig<kTokens, gemm_ctas_per_sm(kTokens)>>(
-      p, weights, stream);
+      p, stream);
 }
 
 template <bool kGateUp>
 void launch_gemm(const MoeParams& p, cudaStream_t stream) {
-  const CUtensorMap weights = weight_tensor_map<kGateUp>(p);
   const MoeTiling& t = p.tiling;
   // (Checked by fused_moe_fp8(): gemm_ctas_per_sm_supported().)
   const int ctas_per_sm = kGateUp ? t.gate_up_ctas_per_sm : t.down_ctas_per_sm;
@@ -95,20 +95,26 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
       if (ctas_per_sm == kDenseMinTileCtasPerSm) {
         return launch_gemm_config<kGateUp,
                                   GemmConfig<8, kDenseMinTileCtasPerSm>>(
-            p, weights, stream);
+            p, stream);
       }
-      return launch_gemm_tile<kGateUp, 8>(p, weights, stream);
+      return launch_gemm_tile<kGateUp, 8>(p, stream);
     case 16:
-      return launch_gemm_tile<kGateUp, 16>(p, weights, stream);
+      return launch_gemm_tile<kGateUp, 16>(p, stream);
     case 32:
-      return launch_gemm_tile<kGateUp, 32>(p, weights, stream);
+      return launch_gemm_tile<kGateUp, 32>(p, stream);
     case 64:
-      return launch_gemm_tile<kGateUp, 64>(p, weights, stream);
+      return launch_gemm_tile<kGateUp, 64>(p, stream);
     case kThreeQuarterTokenTile:
-      return launch_gemm_tile<kGateUp, kThreeQuarterTokenTile>(p, weights,
-                                                               stream);
+      if constexpr (kGateUp) {
+        if (t.gate_up_rows == kWideWgRows) {
+          return launch_gemm_config<
+              kGateUp, GemmConfig<kThreeQuarterTokenTile, 1, kWideWgRows>>(
+              p, stream);
+        }
+      }
+      return launch_gemm_tile<kGateUp, kThreeQuarterTokenTile>(p, stream);
     case 128:
-      return launch_gemm_tile<kGateUp, 128>(p, weights, stream);
+      return launch_gemm_tile<kGateUp, 128>(p, stream);
     default:
       throw std::invalid_argument("fused_moe_fp8: unsupported token tile");
   }

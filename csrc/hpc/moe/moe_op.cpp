@@ -57,6 +57,7 @@ namespace {
 std::vector<NamedValue> tiling_fields(const moe::MoeTiling& t) {
   return {{"token_tile", t.token_tile},
           {"max_tiles", t.max_tiles},
+          {"gate_up_rows", t.gate_up_rows},
           {"gate_up_blocks", t.gate_up_blocks},
           {"gate_up_split", t.gate_up_split},
           {"gate_up_group", t.gate_up_group},

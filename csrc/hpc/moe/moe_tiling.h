@@ -38,6 +38,15 @@ static_assert(limits::kMoeBlockShape[0] == limits::kMoeBlockShape[1],
 constexpr int kTileK = 128;   // K bytes per pipeline stage = 1 scale block
 constexpr int kWgRows = 128;  // weight rows per consumer warpgroup
 constexpr int kCtaRows = 2 * kWgRows;  // weight rows per CTA
+// Gate-up warpgroups of 192 rows (three 64-row wgmma blocks) for 96-token
+// tiles, per-tensor, where the intermediate is a multiple of 192 (Hy3's
+// 192 at tp8, 1536 at tp1): a tile's token rows are read by I / 192 column
+// blocks instead of I / 128, and tp8's intermediate is one block, not one
+// and a half-empty one. Their accumulators fill a consumer thread's
+// registers; the CTA takes one column block, and its epilogue stages in the
+// stage buffers.
+constexpr int kWideWgRows = 192;
+constexpr int kMinWideWaves = 2;
 constexpr int kMaxTopk = limits::kMoeMaxTopk;
 constexpr int kMinTokenTile = 8;
 constexpr int kMaxTokenTile = 128;
@@ -160,7 +169,8 @@ constexpr int kMaxGateUpGroup = 2;
 struct MoeTiling {
   int token_tile;           // tokens per GEMM tile: 8, 16, 32, 64, 96, 128
   int max_tiles;            // tiles over all local experts, at most (grid size)
-  int gate_up_blocks;       // 128-column blocks of the intermediate
+  int gate_up_rows;         // weight rows per gate-up warpgroup: 128 or 192
+  int gate_up_blocks;       // gate_up_rows-column blocks of the intermediate
   int gate_up_split;        // K ranges of the gate-up GEMM, each its own CTA
   int gate_up_group;        // column blocks per gate-up CTA (1 when K is split)
   int gate_up_ctas_per_sm;  // gate-up CTAs sharing an SM
@@ -233,7 +243,6 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // at most rows / tile + (experts with any row).
   const int64_t experts_hit = std::min<int64_t>(num_local_experts, rows);
   t.max_tiles = static_cast<int>(ceil_div(rows, t.token_tile) + experts_hit);
-  t.gate_up_blocks = static_cast<int>(ceil_div(inter, kWgRows));
   t.down_blocks = static_cast<int>(ceil_div(hidden, kCtaRows));
 
   // Tiles expected with an even spread of this rank's rows.
@@ -242,6 +251,16 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
       std::min<int64_t>(num_local_experts,
                         ceil_div(rows * num_local_experts, all_experts)) *
       tiles_per_expert;
+  // Wide gate-up warpgroups (kWideWgRows) where their CTAs, one column
+  // block each, make two waves or more: fewer would leave SMs idle in the
+  // last one (tp8 at 2048 tokens: 192 CTAs on 132 SMs).
+  const bool wide_fits = t.token_tile == kThreeQuarterTokenTile &&
+                         !block_wise && inter % kWideWgRows == 0;
+  t.gate_up_rows =
+      wide_fits && tiles * (inter / kWideWgRows) >= kMinWideWaves * num_sms
+          ? kWideWgRows
+          : kWgRows;
+  t.gate_up_blocks = static_cast<int>(ceil_div(inter, t.gate_up_rows));
 
   // Split the gate-up GEMM's K when its CTAs would leave CTA slots idle (a
   // few tokens), keeping two k-blocks per split. With experts spread over
@@ -293,7 +312,8 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // Column blocks per gate-up CTA: with many waves of unsplit CTAs, a CTA
   // takes kMaxGateUpGroup blocks in turn, its ring running on across them.
   t.gate_up_group = 1;
-  while (split == 1 && t.gate_up_group < kMaxGateUpGroup &&
+  while (split == 1 && t.gate_up_rows == kWgRows &&
+         t.gate_up_group < kMaxGateUpGroup &&
          t.gate_up_group < t.gate_up_blocks &&
          tiles * ceil_div(t.gate_up_blocks, 2 * t.gate_up_group) >=
              kMinGroupedWaves * gate_up_slots) {
@@ -350,6 +370,12 @@ inline const char* tiling_error(const MoeTiling& t, int num_tokens, int topk,
   }
   if (t.gate_up_group < 1 || (t.gate_up_group > 1 && t.gate_up_split > 1)) {
     return "gate-up grouping out of range";
+  }
+  if (t.gate_up_rows != kWgRows &&
+      (t.gate_up_rows != kWideWgRows ||
+       t.token_tile != kThreeQuarterTokenTile || block_wise ||
+       t.gate_up_group != 1 || t.gate_up_split != 1)) {
+    return "gate-up warpgroup rows out of range";
   }
   if (!gemm_ctas_per_sm_supported(t.token_tile, t.gate_up_ctas_per_sm) ||
       !gemm_ctas_per_sm_supported(t.token_tile, t.down_ctas_per_sm)) {

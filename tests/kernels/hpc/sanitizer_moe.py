@@ -171,6 +171,17 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=240, topk=2),
         spare=0,
     ),
+    # ~75 rows on each of 96 experts and I = 576: 96-token tiles with
+    # 192-row gate-up warpgroups (three column blocks, 288 CTAs: two waves
+    # on an H200), the epilogue staged in the stages.
+    dict(
+        name="tensor-wide-warpgroups",
+        weights=dict(
+            num_experts=96, hidden_size=512, intermediate_size=576, block_wise=False
+        ),
+        inputs=dict(num_tokens=900, topk=8),
+        spare=0,
+    ),
     # ~120 rows per expert: 128-token tiles, the widest.
     dict(
         name="tensor-static-widest-tiles",

@@ -708,7 +708,14 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
         if tokens in W3_TOKENS:  # ascending
             assert t.token_tile >= last_tile
             last_tile = t.token_tile
-        assert t.gate_up_blocks == math.ceil(inter / 128)
+        # Gate-up warpgroups of 192 rows: 96-token tiles, per-tensor, an
+        # intermediate of whole 192-column blocks, one block a CTA.
+        assert t.gate_up_rows in (128, 192)
+        if t.gate_up_rows == 192:
+            assert t.token_tile == 96 and not block_wise and inter % 192 == 0
+            assert t.gate_up_group == 1 and t.gate_up_split == 1
+            assert t.max_tiles * t.gate_up_blocks >= 2 * sms
+        assert t.gate_up_blocks == math.ceil(inter / t.gate_up_rows)
         assert t.down_blocks == math.ceil(hidden / 256)
         # Down CTAs take whole groups of row blocks, none of them empty.
         assert 1 <= t.down_group <= t.down_blocks
@@ -812,9 +819,18 @@ def test_tiling_w3_choices() -> None:
     # Gate-up CTAs take two column blocks at 8 waves or more: tp1 with 512
     # tokens and more (192 tiles x 6 pairs of 12 blocks over 132 slots).
     assert tiling("tp1", 512).gate_up_group == 2
-    assert tiling("tp1", 4096).gate_up_group == 2
     assert tiling("tp1", 256).gate_up_group == 1
-    assert tiling("tp8", 4096).gate_up_group == 1  # 2 blocks: 384 CTAs
+    # 96-token tiles per-tensor take 192-row gate-up warpgroups where the
+    # intermediate is whole 192-column blocks: tp8's one block (not one and
+    # a half-empty one), tp1's eight; a block a CTA.
+    for config, blocks in (("tp8", 1), ("tp1", 8), ("ep8", 8)):
+        t = tiling(config, 4096)
+        assert (t.gate_up_rows, t.gate_up_blocks, t.gate_up_group) == (192, blocks, 1)
+    assert tiling("tp1", 1024).gate_up_rows == 128  # 64-token tiles
+    # Not where the wide CTAs would make fewer than two waves: tp8 at 2048
+    # tokens has 192 of them (one tile an expert) for 132 SMs.
+    assert tiling("tp8", 2048).gate_up_rows == 128
+    assert tiling("tp1", 2048).gate_up_rows == 192  # 192 x 8 CTAs
     assert tiling("tp1", 1).gate_up_group == 1  # split K
     # Tokens per expert grow with the batch: 256 x 8 / 192 = 11 -> 16.
     assert tiling("tp1", 256).token_tile == 16
