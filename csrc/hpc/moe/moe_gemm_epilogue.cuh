@@ -107,11 +107,19 @@ __device__ bool merge_split_k(int split, int rank, Acc& acc, uint8_t* stages,
   return false;
 }
 
+// The epilogues stage values by token row, in groups of 8 columns (32 bytes
+// of fp32, 16 of 16-bit values) that swap places by the token's bits 1..2:
+// the four tokens a warp's quads write at once (lanes 4 apart hold tokens 2
+// apart) then fall in other banks, and a group stays one contiguous unit.
+// The place of column `col` in token `tok`'s staged row.
+__device__ __forceinline__ int staged_column(int tok, int col) {
+  return col ^ (((tok >> 1) & 3) << 3);
+}
+
 // Float index of column `col` of token `tok` in gate_up_epilogue()'s staged
-// h values, [kTokens][128] with 8-column groups swizzled by the token's bits
-// 1..2: the four tokens a warp's quads write at once fall in other banks.
+// h values, [kTokens][128].
 __device__ __forceinline__ int staged_h_index(int tok, int col) {
-  return tok * kWgRows + (col ^ (((tok >> 1) & 3) << 3));
+  return tok * kWgRows + staged_column(tok, col);
 }
 
 // Stores the tile's h values into the intermediate's columns [n0, n0 +
@@ -263,9 +271,8 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
 // Gate-up epilogue of wide warpgroups (GemmConfig::kWide: kRows = 192
 // rows each, the CTA's one column block): both warpgroups stage their values
 // (warpgroup 0 the gate's, 1 the up's) as fp32 [2][kTokens][kRows] in the
-// stage buffers, free once both are past their wgmma; 8-column groups are
-// swizzled by the token's bits 1..2 (the four tokens a warp's quads write
-// at once fall in other banks). Then each thread makes h = SiLU(gate) * up
+// stage buffers, free once both are past their wgmma (staged_column()).
+// Then each thread makes h = SiLU(gate) * up
 // for 16 columns of a token and stores them quantized with the per-tensor
 // scale (wide warpgroups are per-tensor only) into two 8-byte stores.
 template <int kTokens, int kRows, class Acc, class Coord>
@@ -278,7 +285,7 @@ __device__ void gate_up_epilogue_wide(const MoeParams& p, const TileInfo& tile,
   const int wg = threadIdx.x / 128;
   float* staged = reinterpret_cast<float*>(stages);
   auto index = [](int w, int tok, int col) {
-    return (w * kTokens + tok) * kRows + (col ^ (((tok >> 1) & 3) << 3));
+    return (w * kTokens + tok) * kRows + staged_column(tok, col);
   };
   // Both warpgroups' wgmma are done, and with them every read of the
   // stages (all of whose copies the mainloop waited for).
@@ -303,12 +310,10 @@ __device__ void gate_up_epilogue_wide(const MoeParams& p, const TileInfo& tile,
 }
 
 // Element index of weight row `row` of token `tok` in down_epilogue()'s
-// staged rows, [kTokens][kCtaRows] with 8-row (16-byte) chunks swizzled by
-// the token's bits 1..2: the four tokens a warp's quads write at once fall
-// in other banks (unswizzled, the 512-byte token rows put them all in the
-// same four), and a token row's chunks stay contiguous 16-byte units.
+// staged rows, [kTokens][kCtaRows] (unswizzled, the 512-byte token rows
+// would put the four tokens a warp's quads write in the same four banks).
 __device__ __forceinline__ int staged_down_index(int tok, int row) {
-  return tok * kCtaRows + (row ^ (((tok >> 1) & 3) << 3));
+  return tok * kCtaRows + staged_column(tok, row);
 }
 
 template <int kTokens, class Acc, class Coord>
