@@ -2,11 +2,13 @@
 // and one consumer warpgroup's tiles of it (decode_config.cuh for the
 // layout). Per tile:
 //   wait K; S^T = K Q^T (FP8 with 16-bit queries: plus K Q_residual^T);
-//   release K
+//   wait for it and for the previous tile's O^T product; release K and the
+//   previous tile's V
 //   soft-cap, mask (boundary tiles only); online softmax over the columns
 //   O^T *= alpha (when a column's maximum moved); P^T -> shared memory
-//   wait V (16-bit: zero its rows past the sequence); O^T += V^T P^T;
-//   release V
+//   wait V (16-bit: zero its rows past the sequence); issue O^T += V^T P^T
+// The O^T product runs while the warpgroup waits for its next K tile and
+// issues S^T, instead of ending each tile's chain with a wait of its own.
 #pragma once
 
 #include <cstdint>
@@ -263,6 +265,8 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
   const bool softcap = p.softcap > 0.f;
 
   int it = it0;
+  // The V stage of the O^T product still running (-1: none).
+  int v_in_flight = -1;
   for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
     if (!Config::kSplitRows && (it & 1) != g.wg) continue;
     const auto slot = RingState<Config::kStages>::of(it);
@@ -275,8 +279,11 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
                                acc_s_residual, true);
       }
     }
+    // S^T and, before it, the previous tile's O^T product are done.
     warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
     attention::release(&bar.k_empty[slot.stage]);
+    if (v_in_flight >= 0) attention::release(&bar.v_empty[v_in_flight]);
     if constexpr (Config::kFp8) {
       if (two_terms) {
 #pragma unroll
@@ -345,9 +352,11 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(g.barrier(), 128);
     attention::wgmma_batch(mma_o, tOrV(_, _, _, v.stage), tOrP, acc_o, false);
-    warpgroup_wait<0>();
-    attention::release(&bar.v_empty[v.stage]);
+    v_in_flight = v.stage;
   }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc_o);
+  if (v_in_flight >= 0) attention::release(&bar.v_empty[v_in_flight]);
 }
 
 }  // namespace decode
