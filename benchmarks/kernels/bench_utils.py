@@ -178,6 +178,39 @@ def profiled_calls(name: str, case: str, run: Callable[[], object], runs: int) -
     print(f"{name}: {case}, {runs} calls, µs: {', '.join(f'{t:.1f}' for t in times)}")
 
 
+def kernel_times(
+    name: str, case: str, run: Callable[[], object], runs: int
+) -> list[dict[str, Any]]:
+    """Each kernel's device time per call of ``run`` (torch profiler over
+    ``runs`` calls after a first, unprofiled one; L2 warm), in launch
+    order of the first profiled call, printed and returned: where a call's
+    time goes, stage by stage."""
+    run()
+    torch.accelerator.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(runs):
+            run()
+        torch.accelerator.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        device_us = getattr(event, "self_device_time_total", 0.0)
+        if device_us > 0:
+            rows.append(
+                {
+                    "kernel": event.key[:100],
+                    "calls": round(event.count / runs, 2),
+                    "us": round(device_us / runs, 1),
+                }
+            )
+    rows.sort(key=lambda r: -r["us"])
+    total = sum(r["us"] for r in rows)
+    print(f"{name}: {case}, device time per call {total:.1f} µs over {runs} calls")
+    for r in rows:
+        print(f"  {r['us']:9.1f} µs  {r['calls']:5.2f} launches  {r['kernel']}")
+    return rows
+
+
 def measure_copy_bandwidth_gbps(num_bytes: int = 2 * 2**30, iters: int = 20) -> float:
     """Device-to-device copy: (bytes read + bytes written) / median time."""
     src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
