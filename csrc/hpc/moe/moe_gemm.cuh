@@ -55,6 +55,10 @@ constexpr int kConsumerBarrier = 1;  // named barrier of both warpgroups
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
 using EmptyBarrier = cutlass::arch::ClusterBarrier;
 
+// The narrowest token tile whose GEMM CTAs have a producer warpgroup
+// (GemmConfig::kProducerWarpgroup).
+constexpr int kProducerWarpgroupMinTokens = 64;
+
 // kCtasPerSm: CTAs sharing an SM (moe_tiling.h: gemm_ctas_per_sm(), or
 // kDenseMinTileCtasPerSm for 8-token tiles chosen so by the tiling).
 // kWgRows: weight rows per consumer warpgroup, kWideWgRows for the gate-up
@@ -72,10 +76,13 @@ struct GemmConfig {
                 (kWide && kTokens == kThreeQuarterTokenTile));
   // A CTA of two consumer warpgroups and a producer warp gets at most 168
   // registers a thread from ptxas (the 96- and 128-token tiles use all of
-  // them; 64-token tiles spill). A CTA alone on its SM has a producer
-  // warpgroup instead (one warp copies), which hands its registers to the
-  // consumers (setmaxnreg); wide warpgroups' 144 accumulators need that.
-  static constexpr bool kProducerWarpgroup = kCtasPerSm == 1;
+  // them; 64-token tiles spill). A CTA alone on its SM with tiles of 64
+  // tokens or more has a producer warpgroup instead (one warp copies),
+  // which hands its registers to the consumers (setmaxnreg); wide
+  // warpgroups' 144 accumulators need that. 32-token tiles fit in 168
+  // without spilling, and there the fourth warpgroup only costs.
+  static constexpr bool kProducerWarpgroup =
+      kCtasPerSm == 1 && kTokens >= kProducerWarpgroupMinTokens;
   static constexpr int kThreads =
       kProducerWarpgroup ? kConsumerThreads + 128 : kGemmThreads;
   // What the CTA is given at launch, per thread: the register file over its
