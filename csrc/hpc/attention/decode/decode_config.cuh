@@ -15,7 +15,11 @@
 //                   (attention/common/fp8_operands.cuh), their keys in the
 //                   order prob_key_of_position gives, which P^T follows.
 // FP8 caches: Q is E4M3 (the queries' own, or 16-bit queries quantized per
-// row by the consumers when they load them), P is E4M3 scaled by 2^8.
+// row by the consumers when they load them into two terms), P is E4M3
+// scaled by 2^8. The Q tile holds the residual term's rows below the first
+// term's, so that with two terms S^T can be one product over both (N twice
+// the rows, K read once: a small-N wgmma is bound by reading its M side
+// from shared memory, not by the tensor cores).
 // Two consumer warpgroups: up to 16 rows they take a work item's tiles in
 // turn (even and odd tiles of the CTA's sequence) and merge their states
 // at the item's end; 32 and 64 rows are split, half per warpgroup, over
@@ -70,10 +74,15 @@ struct DecodeConfig {
   static constexpr int kKeyRowBytes = kTileKeys * kElemBytes;
 
   static constexpr int kStageBytes = kTileKeys * kHeadDim * kElemBytes;
-  static constexpr int kQBytes = kRows * kHeadDim * kElemBytes;
-  // FP8 caches with 16-bit queries: a second Q tile holds the residual
-  // term of the queries' two-term E4M3 split (quantize16_e4m3_two_terms).
-  static constexpr int kQResidualBytes = kFp8 ? kQBytes : 0;
+  // Query terms a Q part holds, one below the other: FP8 caches keep room
+  // for the residual term of 16-bit queries' two-term E4M3 split
+  // (quantize16_e4m3_two_terms).
+  static constexpr int kQTerms = kFp8 ? 2 : 1;
+  static constexpr int kQTermRows = kWgRows * kQTerms;  // rows of a Q part
+  static constexpr int kQBytes = kQParts * kQTermRows * kHeadDim * kElemBytes;
+  // Two terms in one S^T product up to 32 term rows; above, one product a
+  // term (the wider product's accumulators beside O^T's would spill).
+  static constexpr bool kTermsInOneProduct = kQTerms > 1 && kQTermRows <= 32;
   static constexpr int kQScaleBytes = kFp8 ? kRows * 4 : 0;
   static constexpr int kPBytes = kWgRows * kTileKeys * kElemBytes;  // per wg
   using Softmax = attention::ColumnSoftmax<kWgRows, kFp8 ? 8 : 0>;
@@ -86,11 +95,8 @@ struct DecodeConfig {
   static constexpr int kMergeBytes =
       kSplitRows ? 0 : 128 * kMergeFloatsPerThread * 4;
 
-  // Q tiles are whole swizzle atoms (8 rows of kRowBytes), so the residual
-  // tile after the first stays on an atom boundary.
   static constexpr int kQOffset = 0;
-  static constexpr int kQResidualOffset = kQOffset + kQBytes;
-  static constexpr int kQScaleOffset = kQResidualOffset + kQResidualBytes;
+  static constexpr int kQScaleOffset = kQOffset + kQBytes;
   // P^T on a 1024-byte boundary: wgmma applies the swizzle to absolute
   // shared-memory addresses.
   static constexpr int kPOffset =
@@ -148,10 +154,21 @@ struct DecodeConfig {
   using SmemLayoutK = decltype(cute::tile_to_shape(
       KAtom{}, cute::Shape<cute::Int<kTileKeys>, cute::Int<kHeadDim>,
                            cute::Int<kStages>>{}));
-  // Q: (row, channel, part), part = the warpgroup's half under kSplitRows.
-  using SmemLayoutQ = decltype(cute::tile_to_shape(
-      KAtom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kHeadDim>,
+  // Q: (term row, channel, part), part = the warpgroup's half under
+  // kSplitRows; term row = term x kWgRows + row, [chunk][term row][row
+  // bytes] per part, so both terms are one K-major operand of kQTermRows
+  // rows.
+  using SmemLayoutQTerms = decltype(cute::tile_to_shape(
+      KAtom{}, cute::Shape<cute::Int<kQTermRows>, cute::Int<kHeadDim>,
                            cute::Int<kQParts>>{}));
+  // Each term alone: (row, channel, term, part).
+  using SmemLayoutQ = decltype(cute::composition(
+      SmemLayoutQTerms{},
+      cute::make_layout(
+          cute::Shape<cute::Int<kWgRows>, cute::Int<kHeadDim>,
+                      cute::Int<kQTerms>, cute::Int<kQParts>>{},
+          cute::Stride<cute::_1, cute::Int<kQTermRows>, cute::Int<kWgRows>,
+                       cute::Int<kQTermRows * kHeadDim>>{})));
   // V^T over the V stages, (channel, key, stage).
   using SmemLayoutVt =
       decltype(attention::value_operand_layout<Element, kHeadDim, kTileKeys,
@@ -161,11 +178,14 @@ struct DecodeConfig {
   using SmemLayoutP = decltype(cute::tile_to_shape(
       KeyRowAtom{}, cute::Shape<cute::Int<kWgRows>, cute::Int<kTileKeys>>{}));
 
-  using TiledMmaS = decltype(cute::make_tiled_mma(
+  template <int kN>
+  using TiledMmaSOf = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<
           Element, Element, float,
-          cute::Shape<cute::_64, cute::Int<kWgRows>, cute::Int<kHeadDim>>>(),
+          cute::Shape<cute::_64, cute::Int<kN>, cute::Int<kHeadDim>>>(),
       cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>{}));
+  using TiledMmaS = TiledMmaSOf<kWgRows>;  // one query term
+  using TiledMmaSTerms = TiledMmaSOf<kQTermRows>;
   using TiledMmaO = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<
           Element, Element, float,

@@ -109,9 +109,12 @@ __global__ void __launch_bounds__(kWgmmaThreads, kDecodeCtasPerSm)
   }
 
   cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegs>();
-  const ConsumerGroup g{
-      thread / 128, thread % 128,
-      Config::kSplitRows ? thread / 128 * Config::kWgRows : 0};
+  // The warpgroup index broadcast from lane 0, so that the compiler knows
+  // it is the same across the warp: branches on it (the tiles a warpgroup
+  // takes in turn) are then not divergent paths for wgmma in flight.
+  const int wg = __shfl_sync(0xffffffffu, thread / 128, 0);
+  const ConsumerGroup g{wg, thread % 128,
+                        Config::kSplitRows ? wg * Config::kWgRows : 0};
   typename Config::TiledMmaO mma_o;
   Tensor acc_o = partition_fragment_C(
       mma_o, Shape<Int<Config::kHeadDim>, Int<Config::kWgRows>>{});

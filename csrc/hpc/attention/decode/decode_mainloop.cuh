@@ -1,12 +1,15 @@
 // Consumer side of the swap-AB decode kernel: the queries of a work item,
 // and one consumer warpgroup's tiles of it (decode_config.cuh for the
 // layout). Per tile:
-//   wait K; S^T = K Q^T (FP8 with 16-bit queries: plus K Q_residual^T);
-//   release K
+//   wait K; S^T = K Q^T (FP8 with 16-bit queries: plus K Q_residual^T,
+//   in one product K [Q; Q_residual]^T where the rows are few); wait for
+//   it and for the previous tile's O^T product; release K and the
+//   previous tile's V
 //   soft-cap, mask (boundary tiles only); online softmax over the columns
 //   O^T *= alpha (when a column's maximum moved); P^T -> shared memory
-//   wait V (16-bit: zero its rows past the sequence); O^T += V^T P^T;
-//   release V
+//   wait V (16-bit: zero its rows past the sequence); issue O^T += V^T P^T
+// The O^T product runs while the warpgroup waits for its next K tile and
+// issues S^T, instead of ending each tile's chain with a wait of its own.
 #pragma once
 
 #include <cstdint>
@@ -85,15 +88,17 @@ __device__ ColumnInfo<Config::kWgRows / 4> column_info(
   return c;
 }
 
-// Where byte `byte` of query row `row` goes in the Q tile (the warpgroups'
-// parts, each [chunk][row][kRowBytes]).
+// Where byte `byte` of query row `row`'s term `term` goes in the Q tile
+// (the warpgroups' parts, each [chunk][term row][kRowBytes];
+// decode_config.cuh).
 template <class Config>
-__device__ __forceinline__ int q_tile_offset(int row, int byte) {
+__device__ __forceinline__ int q_tile_offset(int row, int byte, int term = 0) {
   return Config::kQOffset +
-         row / Config::kWgRows * Config::kWgRows * Config::kHeadDim *
+         row / Config::kWgRows * Config::kQTermRows * Config::kHeadDim *
              Config::kElemBytes +
-         attention::swizzled_offset<Config::kRowBytes>(row % Config::kWgRows,
-                                                       byte, Config::kWgRows);
+         attention::swizzled_offset<Config::kRowBytes>(
+             term * Config::kWgRows + row % Config::kWgRows, byte,
+             Config::kQTermRows);
 }
 
 // The queries' row `row` of `item` (a unit row: query token, then head).
@@ -114,8 +119,8 @@ __device__ __forceinline__ const uint8_t* query_row(const DecodeParams& p,
 // (query rows are only 8-byte aligned in general: slices of a fused QKV
 // tensor). Queries in the tile's type are copied; 16-bit queries over an
 // FP8 cache are quantized per row (e4m3_row_scale) into two E4M3 terms, the
-// residual into its own tile (one term loses too much for the decode
-// accuracy bar), their scales stored beside the tiles.
+// residual's rows below the first term's (one term loses too much for the
+// decode accuracy bar), their scales stored beside the tiles.
 template <class Config>
 __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
                              uint8_t* smem, int thread) {
@@ -178,10 +183,10 @@ __device__ void load_queries(const DecodeParams& p, const WorkItem& item,
     if (row < Config::kRows) {
       uint4 hi, residual;
       attention::quantize16_e4m3_two_terms(x, scale, hi, residual);
-      const int offset = q_tile_offset<Config>(row, 16 * part);
-      *reinterpret_cast<uint4*>(smem + offset) = hi;
-      *reinterpret_cast<uint4*>(smem + offset + Config::kQResidualOffset -
-                                Config::kQOffset) = residual;
+      *reinterpret_cast<uint4*>(smem + q_tile_offset<Config>(row, 16 * part)) =
+          hi;
+      *reinterpret_cast<uint4*>(
+          smem + q_tile_offset<Config>(row, 16 * part, 1)) = residual;
       if (part == 0) q_scale[row] = scale;
     }
   }
@@ -205,8 +210,10 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
   const int warp = g.tid / 32;
 
   typename Config::TiledMmaS mma_s;
+  typename Config::TiledMmaSTerms mma_s_terms;
   typename Config::TiledMmaO mma_o;
   auto thr_s = mma_s.get_thread_slice(g.tid);
+  auto thr_s_terms = mma_s_terms.get_thread_slice(g.tid);
   auto thr_o = mma_o.get_thread_slice(g.tid);
   Tensor sK = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kKOffset)),
@@ -214,9 +221,9 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
   Tensor sQ = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kQOffset)),
       typename Config::SmemLayoutQ{});
-  Tensor sQResidual = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(
-                                      smem + Config::kQResidualOffset)),
-                                  typename Config::SmemLayoutQ{});
+  Tensor sQTerms = make_tensor(
+      make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kQOffset)),
+      typename Config::SmemLayoutQTerms{});
   Tensor sVt = make_tensor(
       make_smem_ptr(reinterpret_cast<Element*>(smem + Config::kVOffset)),
       typename Config::SmemLayoutVt{});
@@ -225,9 +232,12 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
                       smem + Config::kPOffset + g.wg * Config::kPBytes)),
                   typename Config::SmemLayoutP{});
   const int q_part = Config::kSplitRows ? g.wg : 0;
-  Tensor tSrK = thr_s.partition_fragment_A(sK);                // stage last
-  Tensor tSrQ = thr_s.partition_fragment_B(sQ(_, _, q_part));  // (V, N, K)
-  Tensor tSrQResidual = thr_s.partition_fragment_B(sQResidual(_, _, q_part));
+  Tensor tSrK = thr_s.partition_fragment_A(sK);                   // stage last
+  Tensor tSrQ = thr_s.partition_fragment_B(sQ(_, _, 0, q_part));  // (V, N, K)
+  Tensor tSrQResidual =
+      thr_s.partition_fragment_B(sQ(_, _, Config::kQTerms - 1, q_part));
+  Tensor tSrKTerms = thr_s_terms.partition_fragment_A(sK);
+  Tensor tSrQTerms = thr_s_terms.partition_fragment_B(sQTerms(_, _, q_part));
   Tensor tOrV = thr_o.partition_fragment_A(sVt);  // stage last
   Tensor tOrP = thr_o.partition_fragment_B(sP);   // (V, N, K)
   // The P^T stores' shared-memory addresses in 32-bit integer math: the
@@ -248,7 +258,13 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
       mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
   Tensor acc_s_residual = partition_fragment_C(
       mma_s, Shape<Int<Config::kTileKeys>, Int<Config::kWgRows>>{});
-  // FP8 caches with 16-bit queries: S adds the residual term's product.
+  // Both terms' scores of one product: the first term's columns, then the
+  // residual's (the accumulator's values run column group by column group).
+  Tensor acc_s_terms = partition_fragment_C(
+      mma_s_terms, Shape<Int<Config::kTileKeys>, Int<Config::kQTermRows>>{});
+  static_assert(size(decltype(acc_s_terms){}) ==
+                Config::kQTerms * size(decltype(acc_s){}));
+  // FP8 caches with 16-bit queries: S adds the residual term's scores.
   const bool two_terms = Config::kFp8 && p.q_type != ElemType::kFp8E4m3;
   float* reduce = reinterpret_cast<float*>(smem + Config::kReduceOffset +
                                            g.wg * Config::kReduceBytes);
@@ -263,26 +279,38 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
   const bool softcap = p.softcap > 0.f;
 
   int it = it0;
+  // The V stage of the O^T product still running (-1: none).
+  int v_in_flight = -1;
   for (int tile = item.tile_begin; tile < item.tile_end; ++tile, ++it) {
     if (!Config::kSplitRows && (it & 1) != g.wg) continue;
     const auto slot = RingState<Config::kStages>::of(it);
 
     FullBarrier::wait(&bar.k_full[slot.stage], slot.phase);
-    attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQ, acc_s, true);
-    if constexpr (Config::kFp8) {
-      if (two_terms) {
+    if (Config::kTermsInOneProduct && two_terms) {
+      attention::wgmma_batch(mma_s_terms, tSrKTerms(_, _, _, slot.stage),
+                             tSrQTerms, acc_s_terms, true);
+    } else {
+      attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQ, acc_s,
+                             true);
+      if (Config::kQTerms > 1 && !Config::kTermsInOneProduct && two_terms) {
         attention::wgmma_batch(mma_s, tSrK(_, _, _, slot.stage), tSrQResidual,
                                acc_s_residual, true);
       }
     }
+    // S^T and, before it, the previous tile's O^T product are done.
     warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
     attention::release(&bar.k_empty[slot.stage]);
-    if constexpr (Config::kFp8) {
+    if (v_in_flight >= 0) attention::release(&bar.v_empty[v_in_flight]);
+    if constexpr (Config::kQTerms > 1) {
       if (two_terms) {
+        constexpr float kResidual = 1.f / attention::kE4m3ResidualScale;
 #pragma unroll
         for (int i = 0; i < size(acc_s); ++i) {
-          acc_s(i) = fmaf(acc_s_residual(i),
-                          1.f / attention::kE4m3ResidualScale, acc_s(i));
+          acc_s(i) = Config::kTermsInOneProduct
+                         ? fmaf(acc_s_terms(i + size(acc_s)), kResidual,
+                                acc_s_terms(i))
+                         : fmaf(acc_s_residual(i), kResidual, acc_s(i));
         }
       }
     }
@@ -345,9 +373,11 @@ __device__ void mma_item(const DecodeParams& p, const WorkItem& item,
     cutlass::arch::fence_view_async_shared();
     named_barrier_sync(g.barrier(), 128);
     attention::wgmma_batch(mma_o, tOrV(_, _, _, v.stage), tOrP, acc_o, false);
-    warpgroup_wait<0>();
-    attention::release(&bar.v_empty[v.stage]);
+    v_in_flight = v.stage;
   }
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc_o);
+  if (v_in_flight >= 0) attention::release(&bar.v_empty[v_in_flight]);
 }
 
 }  // namespace decode
