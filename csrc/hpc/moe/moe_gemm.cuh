@@ -13,12 +13,12 @@
 //                   the down GEMM's routed tiles, whose rows are
 //                   consecutive); one mbarrier ring of kStages k-blocks of
 //                   128
-//   2 consumer WGs  wgmma per k-block into a block accumulator, folded
-//                   into the result with that k-block's weight and
-//                   activation scales (per-tensor ones broadcast); tiles
-//                   over 64 tokens (per-tensor only) have no room for the
-//                   block accumulator: they accumulate in place, one
-//                   k-block's wgmma in flight, and scale once at the end
+//   2 consumer WGs  per-tensor calls: wgmma accumulating in place, one
+//                   k-block's in flight while the next is issued, and the
+//                   scales applied once at the end; block-wise calls (tiles
+//                   of at most 64 tokens, moe_tiling.h): each k-block's
+//                   product into a block accumulator, folded into the
+//                   result with that k-block's weight and activation scales
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
@@ -112,8 +112,8 @@ struct GemmConfig {
                                      : (kNarrow || kTokens > 64 ? 3 : 4);
   // Tiles wider than block-wise calls take (moe_tiling.h) have no room for
   // a second accumulator: per-tensor scaling only, applied after the
-  // mainloop (load_tile_scales()). Narrower ones fold every k-block's
-  // product into the result with its scales, for either scaling.
+  // mainloop (load_tile_scales()). Narrower ones take either scaling, and
+  // scale once too when the call is per-tensor (scales_once()).
   static constexpr bool kScaleOnce = kTokens > kMaxBlockWiseTokenTile;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
@@ -153,6 +153,14 @@ struct GemmConfig {
   static constexpr int kStaticBytes = kNarrow ? 1024 : 3 * 1024;
   static_assert(kCtasPerSm * (kBytes + 1024 + kStaticBytes) <= 228 * 1024);
 };
+
+// Whether the CTA's mainloop accumulates in place and applies the scales
+// once after it: always for per-tensor scaling, whose scales are the same
+// for every k-block, so the tensor cores never wait for a k-block's fold.
+template <class Config>
+__device__ __forceinline__ bool scales_once(const MoeParams& p) {
+  return Config::kScaleOnce || !p.block_wise;
+}
 
 // The k-blocks a CTA runs: k-blocks [kb_begin, kb_end) of each weight row
 // block in [block_begin, block_end), block by block. Gate-up: a group of
@@ -321,7 +329,8 @@ __device__ void load_tile_scales(const MoeParams& p, const TileInfo& tile,
 // Consumer warpgroup `wg`: acc = sum over k-blocks [kb_begin, kb_end) of
 // (W[rows of wg] . X[tokens]^T) * weight scale * activation scale, for the
 // weight rows from n0. `stage` and `phase` carry the ring's position from
-// one call to the next. `tile_scale`: load_tile_scales()'s, per-tensor.
+// one call to the next. `tile_scale`: load_tile_scales()'s, when
+// scales_once().
 template <bool kGateUp, class Config, class Acc, class Coord>
 __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
                            const int64_t* src, const float* tile_scale,
@@ -366,9 +375,9 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     if (lane == 0) EmptyBarrier::arrive(&empty[s]);
   };
 
-  if constexpr (!Config::kScaleOnce) {
-    // Each k-block's product goes into `blk`, then is folded into the
-    // result with that k-block's weight and activation scales.
+  if (!scales_once<Config>(p)) {
+    // Block-wise: each k-block's product goes into `blk`, then is folded
+    // into the result with that k-block's weight and activation scales.
     const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
     const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
     // Weight rows of this warpgroup, for its 128 x 128 scale block.
@@ -426,9 +435,9 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       advance();
     }
   } else {
-    // Per-tensor only: the scales are the same for every k-block, so the
-    // wgmma accumulate in place, one k-block's staying in flight while the
-    // next k-block's are issued, and the scales apply once at the end.
+    // The scales are the same for every k-block: the wgmma accumulate in
+    // place, one k-block's staying in flight while the next k-block's are
+    // issued, and the scales apply once at the end.
     clear(acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
     int in_flight = -1;  // the stage whose wgmma may still be running

@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   __shared__ uint64_t empty[Config::kStages];
   __shared__ int64_t token_src[kTokens];
   __shared__ int tile_rows[kTokens];
-  __shared__ float tile_scale[Config::kScaleOnce ? kTokens : 1];
+  __shared__ float tile_scale[kTokens];
   __shared__ SplitBarriers split_barriers;
 
   const int warp = threadIdx.x / 32;
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   // Read now, behind this CTA's first weight copies: in the epilogue the
   // load would wait for all the copies its SM then has in flight.
   const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
-  if constexpr (Config::kScaleOnce) {
+  if (scales_once<Config>(p)) {
     load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
   }
   for (int block = range.block_begin; block < range.block_end; ++block) {
