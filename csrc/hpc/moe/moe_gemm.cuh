@@ -115,6 +115,12 @@ struct GemmConfig {
   // mainloop (load_tile_scales()). Narrower ones take either scaling, and
   // scale once too when the call is per-tensor (scales_once()).
   static constexpr bool kScaleOnce = kTokens > kMaxBlockWiseTokenTile;
+  // Whether a mainloop that accumulates in place keeps one k-block's wgmma
+  // in flight while it issues the next: that stage is then released one
+  // k-block later, so the producer fills kStages - 1 ahead instead of
+  // kStages. With two stages that leaves one, whose fill latency shows: it
+  // pays to wait for each k-block's wgmma and release its stage at once.
+  static constexpr bool kWgmmaInFlight = kStages > 2;
   using Fp8 = cute::float_e4m3_t;
   using Atom = cute::GMMA::Layout_K_SW128_Atom<Fp8>;  // 8 rows x 128 bytes
   // One warpgroup's weight rows and the tile's token rows, per stage.
@@ -436,8 +442,8 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     }
   } else {
     // The scales are the same for every k-block: the wgmma accumulate in
-    // place, one k-block's staying in flight while the next k-block's are
-    // issued, and the scales apply once at the end.
+    // place (one k-block's staying in flight while the next k-block's are
+    // issued, kWgmmaInFlight), and the scales apply once at the end.
     clear(acc);
     mma.accumulate_ = GMMA::ScaleOut::One;
     int in_flight = -1;  // the stage whose wgmma may still be running
@@ -450,10 +456,14 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
         gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), acc);
       }
       warpgroup_commit_batch();
-      warpgroup_wait<1>();
+      warpgroup_wait<Config::kWgmmaInFlight ? 1 : 0>();
       warpgroup_fence_operand(acc);
-      if (in_flight >= 0) release(in_flight);
-      in_flight = stage;
+      if constexpr (Config::kWgmmaInFlight) {
+        if (in_flight >= 0) release(in_flight);
+        in_flight = stage;
+      } else {
+        release(stage);
+      }
       advance();
     }
     warpgroup_wait<0>();
