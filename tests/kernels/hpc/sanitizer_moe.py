@@ -150,6 +150,16 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=64, topk=8),
         spare=0,
     ),
+    # The same tiles per-tensor: accumulated in place, each k-block's
+    # wgmma waited for and its stage released at once (two stages).
+    dict(
+        name="tensor-three-ctas-per-sm",
+        weights=dict(
+            num_experts=192, hidden_size=1024, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=64, topk=8),
+        spare=0,
+    ),
     # ~75 rows per expert, per-tensor: 96-token tiles (scaled once after
     # the mainloop), the last tile of each expert partial.
     dict(
