@@ -13,12 +13,13 @@
 //                   the down GEMM's routed tiles, whose rows are
 //                   consecutive); one mbarrier ring of kStages k-blocks of
 //                   128
-//   2 consumer WGs  per-tensor calls: wgmma accumulating in place, one
-//                   k-block's in flight while the next is issued, and the
-//                   scales applied once at the end; block-wise calls (tiles
-//                   of at most 64 tokens, moe_tiling.h): each k-block's
-//                   product into a block accumulator, folded into the
-//                   result with that k-block's weight and activation scales
+//   2 consumer WGs  per-tensor calls: wgmma accumulating in place (one
+//                   k-block's in flight while the next is issued, where a
+//                   tile has 3 stages or more), and the scales applied once
+//                   at the end; block-wise calls (tiles of at most 64
+//                   tokens, moe_tiling.h): each k-block's product into a
+//                   block accumulator, folded into the result with that
+//                   k-block's weight and activation scales
 //
 // The gate-up GEMM's warpgroup 0 holds 128 gate rows and warpgroup 1 the
 // matching 128 up rows, so SiLU(gate) * up pairs thread with thread; its K
