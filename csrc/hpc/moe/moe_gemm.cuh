@@ -108,14 +108,19 @@ struct GemmConfig {
   // The widest tile's stages and epilogue staging fit in an SM with 3.
   // Three 8-token CTAs share an SM with 2 each: the same weight bytes in
   // flight per SM as two CTAs with 3, in 1.5x the CTA slots.
-  static constexpr int kStages = kCtasPerSm == kDenseMinTileCtasPerSm
-                                     ? 2
-                                     : (kNarrow || kTokens > 64 ? 3 : 4);
+  // Paired 32-token CTAs (kPairedTile) take 2 each, as one took 4.
+  static constexpr bool kPerTensorOnly =
+      gemm_per_tensor_only(kTokens, kCtasPerSm);
+  static constexpr int kStages =
+      kCtasPerSm == kDenseMinTileCtasPerSm || kPerTensorOnly
+          ? 2
+          : (kNarrow || kTokens > 64 ? 3 : 4);
   // Tiles wider than block-wise calls take (moe_tiling.h) have no room for
   // a second accumulator: per-tensor scaling only, applied after the
   // mainloop (load_tile_scales()). Narrower ones take either scaling, and
   // scale once too when the call is per-tensor (scales_once()).
-  static constexpr bool kScaleOnce = kTokens > kMaxBlockWiseTokenTile;
+  static constexpr bool kScaleOnce =
+      kTokens > kMaxBlockWiseTokenTile || kPerTensorOnly;
   // Whether a mainloop that accumulates in place keeps one k-block's wgmma
   // in flight while it issues the next: that stage is then released one
   // k-block later, so the producer fills kStages - 1 ahead instead of
