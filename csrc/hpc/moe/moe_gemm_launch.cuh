@@ -108,8 +108,15 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
             kGateUp, GemmConfig<kPairedTile, kPairedTileCtasPerSm>>(p, stream);
       }
       return launch_gemm_tile<kGateUp, kPairedTile>(p, stream);
-    case 64:
-      return launch_gemm_tile<kGateUp, 64>(p, stream);
+    case kPairedGateUpTile:
+      if constexpr (kGateUp) {
+        if (ctas_per_sm == kPairedTileCtasPerSm) {
+          return launch_gemm_config<
+              kGateUp, GemmConfig<kPairedGateUpTile, kPairedTileCtasPerSm>>(
+              p, stream);
+        }
+      }
+      return launch_gemm_tile<kGateUp, kPairedGateUpTile>(p, stream);
     case kThreeQuarterTokenTile:
       if constexpr (kGateUp) {
         if (t.gate_up_rows == kWideWgRows) {
