@@ -69,8 +69,11 @@ struct GemmConfig {
   static constexpr int kTokens = kTokenTile;
   static constexpr int kCtasPerSm = kCtasPerSmValue;
   static constexpr int kWgRows = kWgRowsValue;
-  // The CTA's one column block: its epilogue stages in the stage buffers.
   static constexpr bool kWide = kWgRows == kWideWgRows;
+  // The CTA's one weight block (wide warpgroups, paired 64-token gate-up
+  // CTAs): its epilogue stages in the stage buffers.
+  static constexpr bool kOneBlock =
+      kWide || gemm_one_block_per_cta(kTokens, kCtasPerSm);
   static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
   static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
   static_assert(kWgRows == hpc::moe::kWgRows ||
@@ -108,14 +111,19 @@ struct GemmConfig {
   // The widest tile's stages and epilogue staging fit in an SM with 3.
   // Three 8-token CTAs share an SM with 2 each: the same weight bytes in
   // flight per SM as two CTAs with 3, in 1.5x the CTA slots.
-  static constexpr int kStages = kCtasPerSm == kDenseMinTileCtasPerSm
-                                     ? 2
-                                     : (kNarrow || kTokens > 64 ? 3 : 4);
+  // Paired 32- and 64-token CTAs take 2 each, as one took 4.
+  static constexpr bool kPerTensorOnly =
+      gemm_per_tensor_only(kTokens, kCtasPerSm);
+  static constexpr int kStages =
+      kCtasPerSm == kDenseMinTileCtasPerSm || kPerTensorOnly
+          ? 2
+          : (kNarrow || kTokens > 64 ? 3 : 4);
   // Tiles wider than block-wise calls take (moe_tiling.h) have no room for
   // a second accumulator: per-tensor scaling only, applied after the
   // mainloop (load_tile_scales()). Narrower ones take either scaling, and
   // scale once too when the call is per-tensor (scales_once()).
-  static constexpr bool kScaleOnce = kTokens > kMaxBlockWiseTokenTile;
+  static constexpr bool kScaleOnce =
+      kTokens > kMaxBlockWiseTokenTile || kPerTensorOnly;
   // Whether a mainloop that accumulates in place keeps one k-block's wgmma
   // in flight while it issues the next: that stage is then released one
   // k-block later, so the producer fills kStages - 1 ahead instead of
@@ -142,16 +150,16 @@ struct GemmConfig {
   // (apart from the stages, which keep loading the CTA's next block
   // meanwhile): a tile's 256 16-bit down rows, or the gate-up's fp32 up
   // values (later its FP8 rows) and per-token amax; 1024-byte aligned.
-  // Wide warpgroups: the staging (gate and up values, fp32) in the stage
-  // buffers, free once the CTA's one block is done.
+  // A CTA of one block (kOneBlock): the staging (wide warpgroups: gate and
+  // up values, fp32) in the stage buffers, free once that block is done.
   static constexpr int kWeightBytes = 2 * kStages * kWgStageBytes;
   static constexpr int kStageBytes = kWeightBytes + kStages * kTokenStageBytes;
-  static constexpr int kStagingOffset = kWide ? 0 : kStageBytes;
+  static constexpr int kStagingOffset = kOneBlock ? 0 : kStageBytes;
   static constexpr int kStagingBytes =
       kWide ? 2 * kTokens * kWgRows * 4 : kTokens * (kCtaRows * 2 + 4);
-  static_assert(!kWide || kStagingBytes <= kStageBytes);
+  static_assert(!kOneBlock || kStagingBytes <= kStageBytes);
   static constexpr int kBytes =
-      (kWide ? kStageBytes : kStagingOffset + kStagingBytes) + 1024;
+      (kOneBlock ? kStageBytes : kStagingOffset + kStagingBytes) + 1024;
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
   // the static shared memory (barriers, the tile's rows, sources and

@@ -2,7 +2,8 @@
 // holds acc(i) = out[weight row, token] with coord(i) = (row within its
 // warpgroup's 128, token within the tile). Both stage through a shared
 // memory area apart from the pipeline's stages (GemmConfig::kStagingOffset):
-// a down CTA's pipeline keeps loading its next row block meanwhile.
+// a CTA's pipeline keeps loading its next block meanwhile; a CTA of one
+// block (GemmConfig::kOneBlock) stages in its stage buffers instead.
 //
 //   merge_split_k      gate-up with split K: the split CTAs of an output
 //                      tile are one cluster; the others write their partial
@@ -194,8 +195,9 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
     }
   };
 
-  // Both warpgroups are past their wgmma (and the previous tile's stores
-  // have read the staging area) before the trade.
+  // Both warpgroups are past their wgmma (and the previous block's stores
+  // have read the staging area; a CTA of one block stages in its stage
+  // buffers, which the wgmma read) before the trade.
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
   on_block(1 - wg, [&](auto m) {
 #pragma unroll

@@ -78,10 +78,12 @@ void launch_gemm_config(const MoeParams& p, cudaStream_t stream) {
                             token_rows);
 }
 
-// The instantiation for a token tile at its usual CTAs per SM.
+// The instantiation for a token tile at its usual CTAs per SM (those of
+// block-wise calls, which every scaling runs).
 template <bool kGateUp, int kTokens>
 void launch_gemm_tile(const MoeParams& p, cudaStream_t stream) {
-  launch_gemm_config<kGateUp, GemmConfig<kTokens, gemm_ctas_per_sm(kTokens)>>(
+  launch_gemm_config<kGateUp,
+                     GemmConfig<kTokens, gemm_ctas_per_sm(kTokens, true)>>(
       p, stream);
 }
 
@@ -100,10 +102,21 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
       return launch_gemm_tile<kGateUp, 8>(p, stream);
     case 16:
       return launch_gemm_tile<kGateUp, 16>(p, stream);
-    case 32:
-      return launch_gemm_tile<kGateUp, 32>(p, stream);
-    case 64:
-      return launch_gemm_tile<kGateUp, 64>(p, stream);
+    case kPairedTile:
+      if (ctas_per_sm == kPairedTileCtasPerSm) {
+        return launch_gemm_config<
+            kGateUp, GemmConfig<kPairedTile, kPairedTileCtasPerSm>>(p, stream);
+      }
+      return launch_gemm_tile<kGateUp, kPairedTile>(p, stream);
+    case kPairedGateUpTile:
+      if constexpr (kGateUp) {
+        if (ctas_per_sm == kPairedTileCtasPerSm) {
+          return launch_gemm_config<
+              kGateUp, GemmConfig<kPairedGateUpTile, kPairedTileCtasPerSm>>(
+              p, stream);
+        }
+      }
+      return launch_gemm_tile<kGateUp, kPairedGateUpTile>(p, stream);
     case kThreeQuarterTokenTile:
       if constexpr (kGateUp) {
         if (t.gate_up_rows == kWideWgRows) {

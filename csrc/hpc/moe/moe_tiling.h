@@ -86,16 +86,56 @@ constexpr int kDenseMinTileCtasPerSm = 3;
 // 16-token tiles and mixed with wider ones.
 constexpr int kEvictFirstMaxTokenTile = kMinTokenTile;
 
-// GEMM CTAs that share an SM for a token tile width (at most two).
-constexpr int gemm_ctas_per_sm(int token_tile) {
+// Per-tensor GEMMs of 32-token tiles run two CTAs per SM with 2 stages each
+// instead of one with 4: the same weight bytes in flight per SM, and one
+// CTA's pipeline fill and epilogue run while the other streams. Their
+// accumulators fit in the registers two CTAs leave a thread (96) only
+// without the block-wise fold's second one: block-wise calls keep one CTA.
+constexpr int kPairedTile = 32;
+constexpr int kPairedTileCtasPerSm = 2;
+
+// Per-tensor gate-up GEMMs of 64-token tiles pair up as well, but two CTAs'
+// stages and separate epilogue staging exceed an SM's shared memory: each
+// CTA takes one column block, and its epilogue stages in its stage buffers,
+// free once that block is done (as wide warpgroups' do). The down GEMM keeps
+// one CTA per SM there: with a small intermediate (tp8: 2 k-blocks a row
+// block) its CTAs need several row blocks each to stream.
+constexpr int kPairedGateUpTile = 64;
+
+// GEMM CTAs that share an SM for a token tile width (at most two), the
+// down GEMM's; the gate-up GEMM's is gate_up_gemm_ctas_per_sm().
+constexpr int gemm_ctas_per_sm(int token_tile, bool block_wise) {
+  if (token_tile == kPairedTile && !block_wise) return kPairedTileCtasPerSm;
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
 
-// The GEMM instantiations: a tile's usual CTAs per SM, and three for
-// 8-token tiles.
+constexpr int gate_up_gemm_ctas_per_sm(int token_tile, bool block_wise) {
+  if (token_tile == kPairedGateUpTile && !block_wise) {
+    return kPairedTileCtasPerSm;
+  }
+  return gemm_ctas_per_sm(token_tile, block_wise);
+}
+
+// Whether a GEMM CTA of `token_tile` at `ctas_per_sm` takes one weight block
+// and stages its epilogue in its stage buffers (a gate-up GEMM's only).
+constexpr bool gemm_one_block_per_cta(int token_tile, int ctas_per_sm) {
+  return token_tile == kPairedGateUpTile && ctas_per_sm == kPairedTileCtasPerSm;
+}
+
+// The GEMM instantiations: a tile's usual CTAs per SM (the block-wise
+// count; the per-tensor-only pairs), and three for 8-token tiles.
 constexpr bool gemm_ctas_per_sm_supported(int token_tile, int ctas_per_sm) {
-  return ctas_per_sm == gemm_ctas_per_sm(token_tile) ||
+  return ctas_per_sm == gemm_ctas_per_sm(token_tile, true) ||
+         ctas_per_sm == gate_up_gemm_ctas_per_sm(token_tile, false) ||
          (token_tile == kMinTokenTile && ctas_per_sm == kDenseMinTileCtasPerSm);
+}
+
+// Whether the instantiation for `token_tile` at `ctas_per_sm` takes
+// per-tensor scales only (it has no room for the block-wise fold).
+constexpr bool gemm_per_tensor_only(int token_tile, int ctas_per_sm) {
+  return (token_tile == kPairedTile ||
+          gemm_one_block_per_cta(token_tile, ctas_per_sm)) &&
+         ctas_per_sm == kPairedTileCtasPerSm;
 }
 
 // The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): two
@@ -280,7 +320,8 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   const int64_t ctas = experts_expected * tiles_per_expert * t.gate_up_blocks;
   const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
   int split = 1;
-  const int64_t slots = int64_t(num_sms) * gemm_ctas_per_sm(t.token_tile);
+  const int64_t slots =
+      int64_t(num_sms) * gemm_ctas_per_sm(t.token_tile, block_wise);
   if (t.token_tile == kMinTokenTile && ctas < slots) {
     split = static_cast<int>(std::min<int64_t>(
         {slots / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
@@ -295,7 +336,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // before grouping outnumber the two-per-SM slots (its groups are then
   // sized for the slots chosen).
   const bool min_tile = t.token_tile == kMinTokenTile;
-  t.gate_up_ctas_per_sm = gemm_ctas_per_sm(t.token_tile);
+  t.gate_up_ctas_per_sm = gate_up_gemm_ctas_per_sm(t.token_tile, block_wise);
   if (min_tile && split == 1) {
     const double hit_tiles =
         expected_tiles_per_expert(double(rows) / all_experts, t.token_tile) /
@@ -313,6 +354,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // takes kMaxGateUpGroup blocks in turn, its ring running on across them.
   t.gate_up_group = 1;
   while (split == 1 && t.gate_up_rows == kWgRows &&
+         !gemm_one_block_per_cta(t.token_tile, t.gate_up_ctas_per_sm) &&
          t.gate_up_group < kMaxGateUpGroup &&
          t.gate_up_group < t.gate_up_blocks &&
          tiles * ceil_div(t.gate_up_blocks, 2 * t.gate_up_group) >=
@@ -326,7 +368,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // waves.
   t.down_ctas_per_sm = min_tile && tiles * t.down_blocks > slots
                            ? kDenseMinTileCtasPerSm
-                           : gemm_ctas_per_sm(t.token_tile);
+                           : gemm_ctas_per_sm(t.token_tile, block_wise);
   const int64_t down_slots = int64_t(num_sms) * t.down_ctas_per_sm;
   const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
   auto down_group_may_double = [&](int group) {
@@ -380,6 +422,16 @@ inline const char* tiling_error(const MoeTiling& t, int num_tokens, int topk,
   if (!gemm_ctas_per_sm_supported(t.token_tile, t.gate_up_ctas_per_sm) ||
       !gemm_ctas_per_sm_supported(t.token_tile, t.down_ctas_per_sm)) {
     return "GEMM CTAs per SM out of range";
+  }
+  if ((gemm_one_block_per_cta(t.token_tile, t.gate_up_ctas_per_sm) &&
+       (t.gate_up_group != 1 || t.gate_up_split != 1)) ||
+      gemm_one_block_per_cta(t.token_tile, t.down_ctas_per_sm)) {
+    return "GEMM CTAs per SM out of range for the grouping";
+  }
+  if (block_wise &&
+      (gemm_per_tensor_only(t.token_tile, t.gate_up_ctas_per_sm) ||
+       gemm_per_tensor_only(t.token_tile, t.down_ctas_per_sm))) {
+    return "GEMM CTAs per SM out of range for block-wise scaling";
   }
   if (block_wise && t.token_tile > kMaxBlockWiseTokenTile) {
     return "token tile too wide for block-wise scaling";

@@ -160,6 +160,27 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=64, topk=8),
         spare=0,
     ),
+    # ~25 rows per expert, per-tensor: 32-token tiles, two CTAs per SM
+    # with two stages each in both GEMMs.
+    dict(
+        name="tensor-paired-32-token-tiles",
+        weights=dict(
+            num_experts=8, hidden_size=512, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=100, topk=2),
+        spare=0,
+    ),
+    # ~50 rows per expert, per-tensor: 64-token tiles, the gate-up GEMM's
+    # CTAs two per SM with one column block each, staging their epilogue in
+    # their stage buffers.
+    dict(
+        name="tensor-paired-64-token-tiles",
+        weights=dict(
+            num_experts=8, hidden_size=512, intermediate_size=256, block_wise=False
+        ),
+        inputs=dict(num_tokens=200, topk=2),
+        spare=0,
+    ),
     # ~75 rows per expert, per-tensor: 96-token tiles (scaled once after
     # the mainloop), the last tile of each expert partial.
     dict(

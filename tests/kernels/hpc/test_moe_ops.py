@@ -728,11 +728,21 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
         # Gate-up CTAs take two column blocks at most, never with split K.
         assert t.gate_up_group in (1, 2)
         assert t.gate_up_group == 1 or t.gate_up_split == 1
-        # CTAs per SM: two for narrow tiles, one for wide ones; three only
-        # for 8-token tiles, never with split K.
-        usual = 2 if t.token_tile <= 16 else 1
-        for ctas_per_sm in (t.gate_up_ctas_per_sm, t.down_ctas_per_sm):
-            assert ctas_per_sm == usual or (t.token_tile == 8 and ctas_per_sm == 3)
+        # CTAs per SM: two for narrow tiles and per-tensor 32-token ones
+        # (and the gate-up GEMM's per-tensor 64-token ones, one column block
+        # a CTA), one for wide ones; three only for 8-token tiles, never with
+        # split K.
+        paired = t.token_tile == 32 and not block_wise
+        usual = 2 if t.token_tile <= 16 or paired else 1
+        paired_gate_up = t.token_tile == 64 and not block_wise
+        assert t.gate_up_ctas_per_sm == (2 if paired_gate_up else usual) or (
+            t.token_tile == 8 and t.gate_up_ctas_per_sm == 3
+        )
+        assert t.down_ctas_per_sm == usual or (
+            t.token_tile == 8 and t.down_ctas_per_sm == 3
+        )
+        if paired_gate_up:
+            assert t.gate_up_group == 1
         assert t.gate_up_ctas_per_sm == 2 or t.gate_up_split == 1
         assert t.max_tiles >= 1
         if t.decode:  # a few tokens (and one wave of gate-up CTAs)
@@ -798,6 +808,15 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp8", 128).gate_up_ctas_per_sm == 2
     assert tiling("tp8", 128).down_ctas_per_sm == 3
     assert tiling("tp1", 4096).down_ctas_per_sm == 1  # 96-token tiles
+    # 32-token tiles: two CTAs per SM for per-tensor scales, one block-wise.
+    assert tiling("tp8", 512).gate_up_ctas_per_sm == 2
+    assert tiling("ep8", 512).down_ctas_per_sm == 2
+    assert tiling("tp8", 512, block_wise=True).gate_up_ctas_per_sm == 1
+    # 64-token tiles: the gate-up GEMM two CTAs per SM for per-tensor
+    # scales, the down GEMM one (tp8: two k-blocks a row block).
+    assert tiling("tp8", 1024).gate_up_ctas_per_sm == 2
+    assert tiling("tp8", 1024).down_ctas_per_sm == 1
+    assert tiling("tp8", 1024, block_wise=True).gate_up_ctas_per_sm == 1
     # Up to 16 tokens (128 slots) the grouped path runs without the route.
     assert tiling("tp1", 1).slot_tiles and tiling("tp8", 16).slot_tiles
     assert not tiling("tp8", 32).slot_tiles
@@ -816,9 +835,14 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp1", 1024).down_group == 2
     assert tiling("tp8", 1024).down_group == 4
     assert tiling("ep8", 4096).down_group == 1
-    # Gate-up CTAs take two column blocks at 8 waves or more: tp1 with 512
-    # tokens and more (192 tiles x 6 pairs of 12 blocks over 132 slots).
-    assert tiling("tp1", 512).gate_up_group == 2
+    # Gate-up CTAs take two column blocks at 8 waves or more: tp1 block-wise
+    # with 512 and 1024 tokens (192 tiles x 6 pairs of 12 blocks over 132
+    # slots); per-tensor ones have twice the slots (paired 32-token CTAs),
+    # and paired 64-token CTAs take one block each.
+    assert tiling("tp1", 1024, block_wise=True).gate_up_group == 2
+    assert tiling("tp1", 512, block_wise=True).gate_up_group == 2
+    assert tiling("tp1", 1024).gate_up_group == 1
+    assert tiling("tp1", 512).gate_up_group == 1
     assert tiling("tp1", 256).gate_up_group == 1
     # 96-token tiles per-tensor take 192-row gate-up warpgroups where the
     # intermediate is whole 192-column blocks: tp8's one block (not one and
