@@ -78,45 +78,43 @@ void launch_gemm_config(const MoeParams& p, cudaStream_t stream) {
                             token_rows);
 }
 
-// The instantiation for a token tile at its usual CTAs per SM (those of
-// block-wise calls, which every scaling runs).
+// The instantiation for a token tile at the CTAs per SM the tiling chose
+// for this GEMM: its block-wise count, its per-tensor one, or three 8-token
+// CTAs (checked by fused_moe_fp8(): tiling_error()).
 template <bool kGateUp, int kTokens>
-void launch_gemm_tile(const MoeParams& p, cudaStream_t stream) {
-  launch_gemm_config<kGateUp,
-                     GemmConfig<kTokens, gemm_ctas_per_sm(kTokens, true)>>(
-      p, stream);
+void launch_gemm_tile(const MoeParams& p, int ctas_per_sm,
+                      cudaStream_t stream) {
+  constexpr int kBlockWise = gemm_ctas_per_sm(kGateUp, kTokens, true);
+  constexpr int kPerTensor = gemm_ctas_per_sm(kGateUp, kTokens, false);
+  if constexpr (kPerTensor != kBlockWise) {
+    if (ctas_per_sm == kPerTensor) {
+      return launch_gemm_config<kGateUp, GemmConfig<kTokens, kPerTensor>>(
+          p, stream);
+    }
+  }
+  if constexpr (kTokens == kMinTokenTile) {
+    if (gemm_dense_min_tile(kTokens, ctas_per_sm)) {
+      return launch_gemm_config<kGateUp,
+                                GemmConfig<kTokens, kDenseMinTileCtasPerSm>>(
+          p, stream);
+    }
+  }
+  launch_gemm_config<kGateUp, GemmConfig<kTokens, kBlockWise>>(p, stream);
 }
 
 template <bool kGateUp>
 void launch_gemm(const MoeParams& p, cudaStream_t stream) {
   const MoeTiling& t = p.tiling;
-  // (Checked by fused_moe_fp8(): gemm_ctas_per_sm_supported().)
   const int ctas_per_sm = kGateUp ? t.gate_up_ctas_per_sm : t.down_ctas_per_sm;
   switch (t.token_tile) {
     case 8:
-      if (ctas_per_sm == kDenseMinTileCtasPerSm) {
-        return launch_gemm_config<kGateUp,
-                                  GemmConfig<8, kDenseMinTileCtasPerSm>>(
-            p, stream);
-      }
-      return launch_gemm_tile<kGateUp, 8>(p, stream);
+      return launch_gemm_tile<kGateUp, 8>(p, ctas_per_sm, stream);
     case 16:
-      return launch_gemm_tile<kGateUp, 16>(p, stream);
-    case kPairedTile:
-      if (ctas_per_sm == kPairedTileCtasPerSm) {
-        return launch_gemm_config<
-            kGateUp, GemmConfig<kPairedTile, kPairedTileCtasPerSm>>(p, stream);
-      }
-      return launch_gemm_tile<kGateUp, kPairedTile>(p, stream);
-    case kPairedGateUpTile:
-      if constexpr (kGateUp) {
-        if (ctas_per_sm == kPairedTileCtasPerSm) {
-          return launch_gemm_config<
-              kGateUp, GemmConfig<kPairedGateUpTile, kPairedTileCtasPerSm>>(
-              p, stream);
-        }
-      }
-      return launch_gemm_tile<kGateUp, kPairedGateUpTile>(p, stream);
+      return launch_gemm_tile<kGateUp, 16>(p, ctas_per_sm, stream);
+    case 32:
+      return launch_gemm_tile<kGateUp, 32>(p, ctas_per_sm, stream);
+    case 64:
+      return launch_gemm_tile<kGateUp, 64>(p, ctas_per_sm, stream);
     case kThreeQuarterTokenTile:
       if constexpr (kGateUp) {
         if (t.gate_up_rows == kWideWgRows) {
@@ -125,9 +123,10 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
               p, stream);
         }
       }
-      return launch_gemm_tile<kGateUp, kThreeQuarterTokenTile>(p, stream);
+      return launch_gemm_tile<kGateUp, kThreeQuarterTokenTile>(p, ctas_per_sm,
+                                                               stream);
     case 128:
-      return launch_gemm_tile<kGateUp, 128>(p, stream);
+      return launch_gemm_tile<kGateUp, 128>(p, ctas_per_sm, stream);
     default:
       throw std::invalid_argument("fused_moe_fp8: unsupported token tile");
   }

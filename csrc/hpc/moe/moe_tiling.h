@@ -69,7 +69,8 @@ constexpr int kMaxBlockWiseTokenTile = 64;
 // sums (splitting is only chosen for 8-token tiles).
 constexpr int kMaxSplit = 8;
 // GEMM CTAs per SM with tiles of at most kNarrowTile tokens (few
-// accumulators: two fit); wider tiles run one CTA per SM.
+// accumulators: two fit); wider tiles run one CTA per SM but for the
+// per-tensor pairs below (kPairedTile, kPairedGateUpTile).
 constexpr int kNarrowTile = 16;
 constexpr int kNarrowTileCtasPerSm = 2;
 // A GEMM of 8-token tiles may run three CTAs per SM, with 2 stages each
@@ -89,7 +90,7 @@ constexpr int kEvictFirstMaxTokenTile = kMinTokenTile;
 // Per-tensor GEMMs of 32-token tiles run two CTAs per SM with 2 stages each
 // instead of one with 4: the same weight bytes in flight per SM, and one
 // CTA's pipeline fill and epilogue run while the other streams. Their
-// accumulators fit in the registers two CTAs leave a thread (96) only
+// accumulators fit in the registers two CTAs leave a thread (112) only
 // without the block-wise fold's second one: block-wise calls keep one CTA.
 constexpr int kPairedTile = 32;
 constexpr int kPairedTileCtasPerSm = 2;
@@ -102,18 +103,18 @@ constexpr int kPairedTileCtasPerSm = 2;
 // block) its CTAs need several row blocks each to stream.
 constexpr int kPairedGateUpTile = 64;
 
-// GEMM CTAs that share an SM for a token tile width (at most two), the
-// down GEMM's; the gate-up GEMM's is gate_up_gemm_ctas_per_sm().
-constexpr int gemm_ctas_per_sm(int token_tile, bool block_wise) {
-  if (token_tile == kPairedTile && !block_wise) return kPairedTileCtasPerSm;
+// GEMM CTAs that share an SM for a token tile width, per GEMM and scaling:
+// two for narrow tiles and the per-tensor pairs, else one. (The tiling may
+// also put three 8-token CTAs on an SM: gemm_dense_min_tile().)
+constexpr int gemm_ctas_per_sm(bool gate_up, int token_tile, bool block_wise) {
+  const bool paired =
+      token_tile == kPairedTile || (gate_up && token_tile == kPairedGateUpTile);
+  if (paired && !block_wise) return kPairedTileCtasPerSm;
   return token_tile <= kNarrowTile ? kNarrowTileCtasPerSm : 1;
 }
 
-constexpr int gate_up_gemm_ctas_per_sm(int token_tile, bool block_wise) {
-  if (token_tile == kPairedGateUpTile && !block_wise) {
-    return kPairedTileCtasPerSm;
-  }
-  return gemm_ctas_per_sm(token_tile, block_wise);
+constexpr bool gemm_dense_min_tile(int token_tile, int ctas_per_sm) {
+  return token_tile == kMinTokenTile && ctas_per_sm == kDenseMinTileCtasPerSm;
 }
 
 // Whether a GEMM CTA of `token_tile` at `ctas_per_sm` takes one weight block
@@ -122,20 +123,21 @@ constexpr bool gemm_one_block_per_cta(int token_tile, int ctas_per_sm) {
   return token_tile == kPairedGateUpTile && ctas_per_sm == kPairedTileCtasPerSm;
 }
 
-// The GEMM instantiations: a tile's usual CTAs per SM (the block-wise
-// count; the per-tensor-only pairs), and three for 8-token tiles.
+// The GEMM instantiations: every count gemm_ctas_per_sm() gives a tile (the
+// gate-up GEMM's per-tensor ones include the down GEMM's), and three for
+// 8-token tiles.
 constexpr bool gemm_ctas_per_sm_supported(int token_tile, int ctas_per_sm) {
-  return ctas_per_sm == gemm_ctas_per_sm(token_tile, true) ||
-         ctas_per_sm == gate_up_gemm_ctas_per_sm(token_tile, false) ||
-         (token_tile == kMinTokenTile && ctas_per_sm == kDenseMinTileCtasPerSm);
+  return ctas_per_sm == gemm_ctas_per_sm(true, token_tile, true) ||
+         ctas_per_sm == gemm_ctas_per_sm(true, token_tile, false) ||
+         gemm_dense_min_tile(token_tile, ctas_per_sm);
 }
 
-// Whether the instantiation for `token_tile` at `ctas_per_sm` takes
-// per-tensor scales only (it has no room for the block-wise fold).
+// Whether block-wise calls never run the instantiation for `token_tile` at
+// `ctas_per_sm`: it takes per-tensor scales only (it has no room for the
+// block-wise fold).
 constexpr bool gemm_per_tensor_only(int token_tile, int ctas_per_sm) {
-  return (token_tile == kPairedTile ||
-          gemm_one_block_per_cta(token_tile, ctas_per_sm)) &&
-         ctas_per_sm == kPairedTileCtasPerSm;
+  return ctas_per_sm != gemm_ctas_per_sm(true, token_tile, true) &&
+         !gemm_dense_min_tile(token_tile, ctas_per_sm);
 }
 
 // The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): two
@@ -321,7 +323,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   const int k_blocks = static_cast<int>(ceil_div(hidden, kTileK));
   int split = 1;
   const int64_t slots =
-      int64_t(num_sms) * gemm_ctas_per_sm(t.token_tile, block_wise);
+      int64_t(num_sms) * gemm_ctas_per_sm(true, t.token_tile, block_wise);
   if (t.token_tile == kMinTokenTile && ctas < slots) {
     split = static_cast<int>(std::min<int64_t>(
         {slots / std::max<int64_t>(ctas, 1), kMaxSplit, k_blocks / 2}));
@@ -336,7 +338,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // before grouping outnumber the two-per-SM slots (its groups are then
   // sized for the slots chosen).
   const bool min_tile = t.token_tile == kMinTokenTile;
-  t.gate_up_ctas_per_sm = gate_up_gemm_ctas_per_sm(t.token_tile, block_wise);
+  t.gate_up_ctas_per_sm = gemm_ctas_per_sm(true, t.token_tile, block_wise);
   if (min_tile && split == 1) {
     const double hit_tiles =
         expected_tiles_per_expert(double(rows) / all_experts, t.token_tile) /
@@ -368,7 +370,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   // waves.
   t.down_ctas_per_sm = min_tile && tiles * t.down_blocks > slots
                            ? kDenseMinTileCtasPerSm
-                           : gemm_ctas_per_sm(t.token_tile, block_wise);
+                           : gemm_ctas_per_sm(false, t.token_tile, block_wise);
   const int64_t down_slots = int64_t(num_sms) * t.down_ctas_per_sm;
   const int down_k_blocks = static_cast<int>(ceil_div(inter, kTileK));
   auto down_group_may_double = [&](int group) {
@@ -419,19 +421,19 @@ inline const char* tiling_error(const MoeTiling& t, int num_tokens, int topk,
        t.gate_up_group != 1 || t.gate_up_split != 1)) {
     return "gate-up warpgroup rows out of range";
   }
-  if (!gemm_ctas_per_sm_supported(t.token_tile, t.gate_up_ctas_per_sm) ||
-      !gemm_ctas_per_sm_supported(t.token_tile, t.down_ctas_per_sm)) {
+  // Each GEMM's count for its tile and scaling (the launch instantiates no
+  // other), or three 8-token CTAs.
+  auto ctas_ok = [&](bool gate_up, int ctas_per_sm) {
+    return ctas_per_sm == gemm_ctas_per_sm(gate_up, t.token_tile, block_wise) ||
+           gemm_dense_min_tile(t.token_tile, ctas_per_sm);
+  };
+  if (!ctas_ok(true, t.gate_up_ctas_per_sm) ||
+      !ctas_ok(false, t.down_ctas_per_sm)) {
     return "GEMM CTAs per SM out of range";
   }
-  if ((gemm_one_block_per_cta(t.token_tile, t.gate_up_ctas_per_sm) &&
-       (t.gate_up_group != 1 || t.gate_up_split != 1)) ||
-      gemm_one_block_per_cta(t.token_tile, t.down_ctas_per_sm)) {
-    return "GEMM CTAs per SM out of range for the grouping";
-  }
-  if (block_wise &&
-      (gemm_per_tensor_only(t.token_tile, t.gate_up_ctas_per_sm) ||
-       gemm_per_tensor_only(t.token_tile, t.down_ctas_per_sm))) {
-    return "GEMM CTAs per SM out of range for block-wise scaling";
+  if (gemm_one_block_per_cta(t.token_tile, t.gate_up_ctas_per_sm) &&
+      (t.gate_up_group != 1 || t.gate_up_split != 1)) {
+    return "gate-up grouping out of range";
   }
   if (block_wise && t.token_tile > kMaxBlockWiseTokenTile) {
     return "token tile too wide for block-wise scaling";
