@@ -172,8 +172,14 @@ struct GemmConfig {
 // Whether the CTA's mainloop accumulates in place and applies the scales
 // once after it: always for per-tensor scaling, whose scales are the same
 // for every k-block, so the tensor cores never wait for a k-block's fold.
-template <class Config>
+// An instantiation that only block-wise calls run holds the fold alone
+// (with both mainloops behind a run-time branch, its fold ran slower).
+template <bool kGateUp, class Config>
 __device__ __forceinline__ bool scales_once(const MoeParams& p) {
+  constexpr bool kBlockWiseOnly =
+      gemm_block_wise_only(kGateUp, Config::kTokens, Config::kCtasPerSm);
+  static_assert(!(kBlockWiseOnly && Config::kScaleOnce));
+  if constexpr (kBlockWiseOnly) return false;
   return Config::kScaleOnce || !p.block_wise;
 }
 
@@ -390,7 +396,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     if (lane == 0) EmptyBarrier::arrive(&empty[s]);
   };
 
-  if (!scales_once<Config>(p)) {
+  if (!scales_once<kGateUp, Config>(p)) {
     // Block-wise: each k-block's product goes into `blk`, then is folded
     // into the result with that k-block's weight and activation scales.
     const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);

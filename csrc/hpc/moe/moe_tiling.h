@@ -132,6 +132,15 @@ constexpr bool gemm_ctas_per_sm_supported(int token_tile, int ctas_per_sm) {
          gemm_dense_min_tile(token_tile, ctas_per_sm);
 }
 
+// Whether per-tensor calls never run the gate-up (`gate_up`) or down GEMM's
+// instantiation for `token_tile` at `ctas_per_sm`, having paired CTAs of
+// their own: it is compiled with the block-wise fold alone.
+constexpr bool gemm_block_wise_only(bool gate_up, int token_tile,
+                                    int ctas_per_sm) {
+  return ctas_per_sm != gemm_ctas_per_sm(gate_up, token_tile, false) &&
+         !gemm_dense_min_tile(token_tile, ctas_per_sm);
+}
+
 // Whether block-wise calls never run the instantiation for `token_tile` at
 // `ctas_per_sm`: it takes per-tensor scales only (it has no room for the
 // block-wise fold).
