@@ -62,12 +62,15 @@ constexpr int kProducerWarpgroupMinTokens = 64;
 
 // kCtasPerSm: CTAs sharing an SM (moe_tiling.h: gemm_ctas_per_sm(), or
 // kDenseMinTileCtasPerSm for 8-token tiles chosen so by the tiling).
+// kScaling: the scalings its mainloop takes (moe_tiling.h: gemm_scaling()).
 // kWgRows: weight rows per consumer warpgroup, kWideWgRows for the gate-up
 // GEMM of a tiling whose gate_up_rows says so.
-template <int kTokenTile, int kCtasPerSmValue, int kWgRowsValue = kWgRows>
+template <int kTokenTile, int kCtasPerSmValue, GemmScaling kScalingValue,
+          int kWgRowsValue = kWgRows>
 struct GemmConfig {
   static constexpr int kTokens = kTokenTile;
   static constexpr int kCtasPerSm = kCtasPerSmValue;
+  static constexpr GemmScaling kScaling = kScalingValue;
   static constexpr int kWgRows = kWgRowsValue;
   static constexpr bool kWide = kWgRows == kWideWgRows;
   // The CTA's one weight block (wide warpgroups, paired 64-token gate-up
@@ -77,7 +80,10 @@ struct GemmConfig {
   static_assert(kTokens % 8 == 0 && kTokens <= kMaxTokenTile);
   static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
   static_assert(kWgRows == hpc::moe::kWgRows ||
-                (kWide && kTokens == kThreeQuarterTokenTile));
+                (kWide && kTokens == kThreeQuarterTokenTile &&
+                 kScaling == GemmScaling::kPerTensor));
+  static_assert(kScaling == GemmScaling::kPerTensor ||
+                kTokens <= kMaxBlockWiseTokenTile);
   // A CTA of two consumer warpgroups and a producer warp gets at most 168
   // registers a thread from ptxas (the 96- and 128-token tiles use all of
   // them; 64-token tiles spill). A CTA alone on its SM with tiles of 64
@@ -112,18 +118,11 @@ struct GemmConfig {
   // Three 8-token CTAs share an SM with 2 each: the same weight bytes in
   // flight per SM as two CTAs with 3, in 1.5x the CTA slots.
   // Paired 32- and 64-token CTAs take 2 each, as one took 4.
-  static constexpr bool kPerTensorOnly =
-      gemm_per_tensor_only(kTokens, kCtasPerSm);
-  static constexpr int kStages =
-      kCtasPerSm == kDenseMinTileCtasPerSm || kPerTensorOnly
-          ? 2
-          : (kNarrow || kTokens > 64 ? 3 : 4);
-  // Tiles wider than block-wise calls take (moe_tiling.h) have no room for
-  // a second accumulator: per-tensor scaling only, applied after the
-  // mainloop (load_tile_scales()). Narrower ones take either scaling, and
-  // scale once too when the call is per-tensor (scales_once()).
-  static constexpr bool kScaleOnce =
-      kTokens > kMaxBlockWiseTokenTile || kPerTensorOnly;
+  static constexpr bool kPaired =
+      !kNarrow && kCtasPerSm == kPairedTileCtasPerSm;
+  static constexpr int kStages = kCtasPerSm == kDenseMinTileCtasPerSm || kPaired
+                                     ? 2
+                                     : (kNarrow || kTokens > 64 ? 3 : 4);
   // Whether a mainloop that accumulates in place keeps one k-block's wgmma
   // in flight while it issues the next: that stage is then released one
   // k-block later, so the producer fills kStages - 1 ahead instead of
@@ -172,15 +171,12 @@ struct GemmConfig {
 // Whether the CTA's mainloop accumulates in place and applies the scales
 // once after it: always for per-tensor scaling, whose scales are the same
 // for every k-block, so the tensor cores never wait for a k-block's fold.
-// An instantiation that only block-wise calls run holds the fold alone
-// (with both mainloops behind a run-time branch, its fold ran slower).
-template <bool kGateUp, class Config>
+template <class Config>
 __device__ __forceinline__ bool scales_once(const MoeParams& p) {
-  constexpr bool kBlockWiseOnly =
-      gemm_block_wise_only(kGateUp, Config::kTokens, Config::kCtasPerSm);
-  static_assert(!(kBlockWiseOnly && Config::kScaleOnce));
-  if constexpr (kBlockWiseOnly) return false;
-  return Config::kScaleOnce || !p.block_wise;
+  if constexpr (Config::kScaling == GemmScaling::kEither) {
+    return !p.block_wise;
+  }
+  return Config::kScaling == GemmScaling::kPerTensor;
 }
 
 // The k-blocks a CTA runs: k-blocks [kb_begin, kb_end) of each weight row
@@ -396,7 +392,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     if (lane == 0) EmptyBarrier::arrive(&empty[s]);
   };
 
-  if (!scales_once<kGateUp, Config>(p)) {
+  if (!scales_once<Config>(p)) {
     // Block-wise: each k-block's product goes into `blk`, then is folded
     // into the result with that k-block's weight and activation scales.
     const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   // Read now, behind this CTA's first weight copies: in the epilogue the
   // load would wait for all the copies its SM then has in flight.
   const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
-  if (scales_once<kGateUp, Config>(p)) {
+  if (scales_once<Config>(p)) {
     load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
   }
   for (int block = range.block_begin; block < range.block_end; ++block) {

@@ -78,6 +78,16 @@ void launch_gemm_config(const MoeParams& p, cudaStream_t stream) {
                             token_rows);
 }
 
+// The instantiation for a token tile at `kCtasPerSm` (moe_tiling.h:
+// gemm_scaling()).
+template <bool kGateUp, int kTokens, int kCtasPerSm>
+void launch_gemm_at(const MoeParams& p, cudaStream_t stream) {
+  launch_gemm_config<kGateUp,
+                     GemmConfig<kTokens, kCtasPerSm,
+                                gemm_scaling(kGateUp, kTokens, kCtasPerSm)>>(
+      p, stream);
+}
+
 // The instantiation for a token tile at the CTAs per SM the tiling chose
 // for this GEMM: its block-wise count, its per-tensor one, or three 8-token
 // CTAs (checked by fused_moe_fp8(): tiling_error()).
@@ -88,18 +98,16 @@ void launch_gemm_tile(const MoeParams& p, int ctas_per_sm,
   constexpr int kPerTensor = gemm_ctas_per_sm(kGateUp, kTokens, false);
   if constexpr (kPerTensor != kBlockWise) {
     if (ctas_per_sm == kPerTensor) {
-      return launch_gemm_config<kGateUp, GemmConfig<kTokens, kPerTensor>>(
-          p, stream);
+      return launch_gemm_at<kGateUp, kTokens, kPerTensor>(p, stream);
     }
   }
   if constexpr (kTokens == kMinTokenTile) {
     if (gemm_dense_min_tile(kTokens, ctas_per_sm)) {
-      return launch_gemm_config<kGateUp,
-                                GemmConfig<kTokens, kDenseMinTileCtasPerSm>>(
-          p, stream);
+      return launch_gemm_at<kGateUp, kTokens, kDenseMinTileCtasPerSm>(p,
+                                                                      stream);
     }
   }
-  launch_gemm_config<kGateUp, GemmConfig<kTokens, kBlockWise>>(p, stream);
+  launch_gemm_at<kGateUp, kTokens, kBlockWise>(p, stream);
 }
 
 template <bool kGateUp>
@@ -119,7 +127,8 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
       if constexpr (kGateUp) {
         if (t.gate_up_rows == kWideWgRows) {
           return launch_gemm_config<
-              kGateUp, GemmConfig<kThreeQuarterTokenTile, 1, kWideWgRows>>(
+              kGateUp, GemmConfig<kThreeQuarterTokenTile, 1,
+                                  GemmScaling::kPerTensor, kWideWgRows>>(
               p, stream);
         }
       }

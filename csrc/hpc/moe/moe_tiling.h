@@ -132,21 +132,25 @@ constexpr bool gemm_ctas_per_sm_supported(int token_tile, int ctas_per_sm) {
          gemm_dense_min_tile(token_tile, ctas_per_sm);
 }
 
-// Whether per-tensor calls never run the gate-up (`gate_up`) or down GEMM's
-// instantiation for `token_tile` at `ctas_per_sm`, having paired CTAs of
-// their own: it is compiled with the block-wise fold alone.
-constexpr bool gemm_block_wise_only(bool gate_up, int token_tile,
-                                    int ctas_per_sm) {
-  return ctas_per_sm != gemm_ctas_per_sm(gate_up, token_tile, false) &&
-         !gemm_dense_min_tile(token_tile, ctas_per_sm);
-}
+// The scalings an instantiation's mainloop is compiled for.
+enum class GemmScaling { kPerTensor, kBlockWise, kEither };
 
-// Whether block-wise calls never run the instantiation for `token_tile` at
-// `ctas_per_sm`: it takes per-tensor scales only (it has no room for the
-// block-wise fold).
-constexpr bool gemm_per_tensor_only(int token_tile, int ctas_per_sm) {
-  return ctas_per_sm != gemm_ctas_per_sm(true, token_tile, true) &&
-         !gemm_dense_min_tile(token_tile, ctas_per_sm);
+// The scaling the instantiation of the gate-up (`gate_up`) or down GEMM for
+// `token_tile` at `ctas_per_sm` is compiled for: the one of the calls that
+// run it. One that only calls of one scaling run (paired per-tensor CTAs;
+// block-wise 32-token CTAs, whose paired count per-tensor calls take; tiles
+// too wide for block-wise scaling) holds that mainloop alone: with both
+// behind a run-time branch, the block-wise fold ran slower.
+constexpr GemmScaling gemm_scaling(bool gate_up, int token_tile,
+                                   int ctas_per_sm) {
+  const bool dense = gemm_dense_min_tile(token_tile, ctas_per_sm);
+  const bool per_tensor =
+      dense || ctas_per_sm == gemm_ctas_per_sm(gate_up, token_tile, false);
+  const bool block_wise =
+      token_tile <= kMaxBlockWiseTokenTile &&
+      (dense || ctas_per_sm == gemm_ctas_per_sm(gate_up, token_tile, true));
+  if (per_tensor && block_wise) return GemmScaling::kEither;
+  return per_tensor ? GemmScaling::kPerTensor : GemmScaling::kBlockWise;
 }
 
 // The decode path (moe_decode_gate_up.cuh, moe_decode_down.cuh): two
