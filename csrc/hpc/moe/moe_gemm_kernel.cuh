@@ -183,8 +183,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
         gate_up_epilogue_wide<kTokens, Config::kWgRows>(
             p, tile, tile_rows, n0, inter_scale, acc, coord, smem);
       } else {
-        gate_up_epilogue<kTokens>(p, tile, tile_rows, n0, inter_scale, acc,
-                                  coord, smem + Config::kStagingOffset);
+        gate_up_epilogue<kTokens, Config::kScaling>(
+            p, tile, tile_rows, n0, inter_scale, acc, coord,
+            smem + Config::kStagingOffset);
       }
     } else {
       down_epilogue<kTokens>(p, tile, tile_rows, n0, acc, coord,
