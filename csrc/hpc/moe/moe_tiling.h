@@ -61,8 +61,9 @@ constexpr int kThreeQuarterTokenTile = 96;
 // padding columns.
 constexpr int kTileWeightColumns = 128;
 // Block-wise scaling folds each k-block's partial product into the result
-// with its scales, which takes a second accumulator: the widest tile whose
-// two accumulators fit in a consumer thread's registers.
+// with its scales, in two block accumulators (the next k-block's product
+// runs into one while the other is folded): the widest tile whose three
+// accumulators fit in a consumer thread's registers.
 constexpr int kMaxBlockWiseTokenTile = 64;
 // Tiles of at most this many tokens that both scalings run at the same CTAs
 // per SM share one instantiation, both mainloops behind a run-time branch;
@@ -145,7 +146,8 @@ enum class GemmScaling { kPerTensor, kBlockWise, kEither };
 // CTAs; block-wise 32-token CTAs, whose paired count per-tensor calls take)
 // holds that mainloop alone (with both behind a run-time branch, the
 // block-wise fold ran slower); so does every tile wider than
-// kSharedScalingMaxTokenTile.
+// kSharedScalingMaxTokenTile (the block-wise one's fold overlaps the next
+// k-block's wgmma, moe_gemm.cuh).
 constexpr GemmScaling gemm_scaling(bool gate_up, int token_tile,
                                    int ctas_per_sm, bool block_wise) {
   const bool dense = gemm_dense_min_tile(token_tile, ctas_per_sm);

@@ -180,8 +180,9 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=100, topk=2),
         spare=0,
     ),
-    # ~50 rows per expert, block-wise: 64-token tiles, both GEMMs'
-    # instantiations block-wise only.
+    # ~50 rows per expert, block-wise: 64-token tiles, each k-block's
+    # product into one of two block accumulators while the other is folded
+    # with the token scales the producer copied into its stage.
     dict(
         name="block-64-token-tiles",
         weights=dict(
