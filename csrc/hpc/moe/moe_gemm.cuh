@@ -84,6 +84,12 @@ struct GemmConfig {
                  kScaling == GemmScaling::kPerTensor));
   static_assert(kScaling == GemmScaling::kPerTensor ||
                 kTokens <= kMaxBlockWiseTokenTile);
+  // Block-wise-only instantiations (32- and 64-token tiles) fold each
+  // k-block's product while the next k-block's wgmma runs, in two block
+  // accumulators besides the result (3 x 64 a thread for 64 tokens). Each
+  // k-block's token scales then come with its stage, copied by the producer
+  // into shared memory, instead of registers.
+  static constexpr bool kOverlappedFold = kScaling == GemmScaling::kBlockWise;
   // A CTA of two consumer warpgroups and a producer warp gets at most 168
   // registers a thread from ptxas (the 96- and 128-token tiles use all of
   // them; 64-token tiles spill). A CTA alone on its SM with tiles of 64
@@ -157,8 +163,12 @@ struct GemmConfig {
   static constexpr int kStagingBytes =
       kWide ? 2 * kTokens * kWgRows * 4 : kTokens * (kCtaRows * 2 + 4);
   static_assert(!kOneBlock || kStagingBytes <= kStageBytes);
-  static constexpr int kBytes =
-      (kOneBlock ? kStageBytes : kStagingOffset + kStagingBytes) + 1024;
+  // Then [stage][token] fp32 activation scales (kOverlappedFold).
+  static constexpr int kTokenScalesOffset =
+      kOneBlock ? kStageBytes : kStagingOffset + kStagingBytes;
+  static constexpr int kTokenScalesBytes =
+      kOverlappedFold ? kStages * kTokens * 4 : 0;
+  static constexpr int kBytes = kTokenScalesOffset + kTokenScalesBytes + 1024;
   static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
   // the static shared memory (barriers, the tile's rows, sources and
@@ -205,6 +215,23 @@ __device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
       "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(smem)),
       "l"(gmem), "r"(valid ? 16 : 0)
       : "memory");
+}
+
+__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem,
+                                                bool valid) {
+  asm volatile(
+      "cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_address(smem)),
+      "l"(gmem), "r"(valid ? 4 : 0)
+      : "memory");
+}
+
+// Whether the producer warp's lanes arrive on each stage's full barrier
+// once their cp.async copies land (token rows gathered, or the token scales
+// of kOverlappedFold), beside the weights' (and the TMA token rows')
+// expect_tx.
+template <class Config>
+__device__ __forceinline__ bool lanes_copy_stages(bool tma_token_rows) {
+  return !tma_token_rows || Config::kOverlappedFold;
 }
 
 // An arrival on `bar` once every cp.async this thread issued so far has
@@ -259,7 +286,8 @@ __device__ void load_token_rows(const CUtensorMap* token_rows,
 
 // Producer warp: weight rows by TMA (the first kStages k-blocks' already
 // issued by the kernel), token rows by cp.async (with `token_rows`, by TMA:
-// load_token_rows()), for every k-block of `range`.
+// load_token_rows()), and with kOverlappedFold the tile's activation
+// scales of the k-block (0 past its rows), for every k-block of `range`.
 template <bool kGateUp, class Config>
 __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                             const CUtensorMap* token_rows, const TileInfo& tile,
@@ -273,19 +301,19 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
           reinterpret_cast<typename Config::Fp8*>(smem + Config::kWeightBytes)),
       typename Config::TokenLayout{});
 
-  // This lane's 16-byte chunks of the token tile: row, k chunk, source.
+  // This lane's 16-byte chunks of the token tile: row, k chunk, source
+  // (kept for every stage).
+  auto chunk_row = [&](int i) { return (i * 32 + lane) / (kTileK / 16); };
+  auto chunk_k = [&](int i) { return (i * 32 + lane) % (kTileK / 16) * 16; };
+  auto chunk_source = [&](int i) -> const uint8_t* {
+    const int row = chunk_row(i);
+    return row < tile.rows ? source.base + src[row] * source.stride + chunk_k(i)
+                           : nullptr;
+  };
   const uint8_t* chunk_src[Config::kChunksPerLane];
-  int chunk_row[Config::kChunksPerLane];
-  int chunk_k[Config::kChunksPerLane];
 #pragma unroll
   for (int i = 0; i < Config::kChunksPerLane; ++i) {
-    const int c = i * 32 + lane;
-    chunk_row[i] = c / (kTileK / 16);
-    chunk_k[i] = (c % (kTileK / 16)) * 16;
-    chunk_src[i] =
-        chunk_row[i] < tile.rows
-            ? source.base + src[chunk_row[i]] * source.stride + chunk_k[i]
-            : nullptr;
+    chunk_src[i] = chunk_source(i);
   }
 
   // Each lane's token copies of a stage arrive on the stage's full barrier
@@ -310,14 +338,26 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
         load_token_rows<Config>(token_rows, tile, kb, stage, full, smem);
       }
     } else {
+      auto copy_chunk = [&](int c, const uint8_t* from) {
+        const bool valid = from != nullptr && kb * kTileK + chunk_k(c) < K;
+        cp_async16_zfill(&tokens(chunk_row(c), chunk_k(c), stage),
+                         valid ? from + kb * kTileK : source.base, valid);
+      };
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerLane; ++c) {
-        const int k = kb * kTileK + chunk_k[c];
-        const bool valid = chunk_src[c] != nullptr && k < K;
-        cp_async16_zfill(&tokens(chunk_row[c], chunk_k[c], stage),
-                         valid ? chunk_src[c] + kb * kTileK : source.base,
-                         valid);
+        copy_chunk(c, chunk_src[c]);
       }
+    }
+    if constexpr (Config::kOverlappedFold) {
+      float* scales = reinterpret_cast<float*>(
+          smem + Config::kTokenScalesOffset + stage * Config::kTokens * 4);
+      for (int t = lane; t < Config::kTokens; t += 32) {
+        const bool valid = t < tile.rows;
+        cp_async4_zfill(&scales[t],
+                        source.scale.address(valid ? src[t] : 0, kb), valid);
+      }
+    }
+    if (lanes_copy_stages<Config>(token_rows != nullptr)) {
       cp_async_arrive_on_landing(&full[stage]);
     }
     if (++stage == Config::kStages) {
@@ -392,21 +432,98 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     if (lane == 0) EmptyBarrier::arrive(&empty[s]);
   };
 
-  if (!scales_once<Config>(p)) {
+  // Block-wise: weight rows of this warpgroup, for its 128 x 128 scale
+  // block, and the token of accumulator value (c, j): values are ((column
+  // pair, row half, 8-column group), 64-row block, 1), and the token depends
+  // on the first and third only.
+  const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
+  const int64_t w_row =
+      kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * Config::kWgRows;
+  auto token_of = [&](int c, int j) {
+    return get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
+  };
+  // acc += blk * each value's weight scale `sw` times its token's scale.
+  auto fold = [&](const auto& blk, float sw, auto&& token_scale) {
+#pragma unroll
+    for (int j = 0; j < kTokens / 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const float sc = sw * token_scale(c, j);
+#pragma unroll
+        for (int m = 0; m < Config::kWgRows / 64; ++m) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const auto v = make_coord(make_coord(c, h, j), m, 0);
+            acc(v) += blk(v) * sc;
+          }
+        }
+      }
+    }
+  };
+
+  // Block-wise: the current stage's k-block into the block accumulator
+  // `blk`, once the stage's copies have landed (committed, not waited for).
+  auto issue = [&](auto& blk) {
+    acquire();
+    warpgroup_fence_operand(blk);
+    warpgroup_arrive();
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int k = 0; k < size<2>(tCrA); ++k) {
+      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+  };
+
+  if constexpr (Config::kOverlappedFold) {
+    // Block-wise, the fold behind the wgmma: k-block i's product goes into
+    // one block accumulator while k-block i - 1's, in the other, is folded
+    // in with the token scales of its stage, then that stage is released.
+    Tensor blk0 = make_fragment_like(acc);
+    Tensor blk1 = make_fragment_like(acc);
+    clear(acc);
+    auto fold_stage = [&](auto& blk, float sw, int s) {
+      warpgroup_fence_operand(blk);
+      const float* scales = reinterpret_cast<const float*>(
+          smem + Config::kTokenScalesOffset + s * kTokens * 4);
+      fold(blk, sw, [&](int c, int j) { return scales[token_of(c, j)]; });
+      release(s);
+    };
+    // One k-block: its product issued into `into`, then the previous
+    // k-block's, in `done`, folded once its wgmma are complete (the weight
+    // scale read a k-block ahead of its fold). Unrolled by two, so that each
+    // accumulator's role is fixed where ptxas pipelines the wgmma.
+    float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb_begin);
+    issue(blk0);
+    int folded_stage = stage;
+    advance();
+    auto step = [&](auto& into, auto& done, int kb) {
+      const float next_sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+      issue(into);
+      warpgroup_wait<1>();
+      fold_stage(done, sw, folded_stage);
+      sw = next_sw;
+      folded_stage = stage;
+      advance();
+    };
+    int kb = kb_begin + 1;
+    for (; kb + 1 < kb_end; kb += 2) {
+      step(blk1, blk0, kb);
+      step(blk0, blk1, kb + 1);
+    }
+    if (kb < kb_end) {
+      step(blk1, blk0, kb);
+      warpgroup_wait<0>();
+      fold_stage(blk1, sw, folded_stage);
+    } else {
+      warpgroup_wait<0>();
+      fold_stage(blk0, sw, folded_stage);
+    }
+  } else if (!scales_once<Config>(p)) {
     // Block-wise: each k-block's product goes into `blk`, then is folded
     // into the result with that k-block's weight and activation scales.
     const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
-    const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
-    // Weight rows of this warpgroup, for its 128 x 128 scale block.
-    const int64_t w_row = kGateUp ? int64_t(wg) * p.inter + n0
-                                  : int64_t(n0) + wg * Config::kWgRows;
-    // The activation scale of the token of accumulator value (c, j):
-    // values are ((column pair, row half, 8-column group), 64-row block,
-    // 1), and the token depends on the first and third only.
-    auto token_scale = [&](int c, int j, int kb) {
-      const int tok = get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
-      return tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
-    };
     Tensor blk = make_fragment_like(acc);
     clear(acc);
     for (int kb = kb_begin; kb < kb_end; ++kb) {
@@ -418,37 +535,17 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
 #pragma unroll
       for (int j = 0; j < kTokens / 8; ++j) {
 #pragma unroll
-        for (int c = 0; c < 2; ++c) scale[j][c] = sw * token_scale(c, j, kb);
+        for (int c = 0; c < 2; ++c) {
+          const int tok = token_of(c, j);
+          scale[j][c] = tok < tile.rows ? source.scale.at(src[tok], kb) : 0.f;
+        }
       }
 
-      acquire();
-      warpgroup_fence_operand(blk);
-      warpgroup_arrive();
-      mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-      for (int k = 0; k < size<2>(tCrA); ++k) {
-        gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
-        mma.accumulate_ = GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
+      issue(blk);
       warpgroup_wait<0>();
       warpgroup_fence_operand(blk);
       release(stage);
-
-#pragma unroll
-      for (int j = 0; j < kTokens / 8; ++j) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-#pragma unroll
-          for (int m = 0; m < Config::kWgRows / 64; ++m) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const auto v = make_coord(make_coord(c, h, j), m, 0);
-              acc(v) += blk(v) * scale[j][c];
-            }
-          }
-        }
-      }
+      fold(blk, sw, [&](int c, int j) { return scale[j][c]; });
       advance();
     }
   } else {

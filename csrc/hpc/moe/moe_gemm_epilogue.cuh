@@ -168,7 +168,7 @@ __device__ void store_inter_rows(const MoeParams& p, const TileInfo& tile,
 // loads wait behind, runs on all eight consumer warps. The h values are then
 // staged by token row, and each thread quantizes 16 columns of one token
 // (one scale) into two 8-byte stores.
-template <int kTokens, class Acc, class Coord>
+template <int kTokens, GemmScaling kScaling, class Acc, class Coord>
 __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
                                  const int* rows, int n0, float static_scale,
                                  Acc& acc, const Coord& coord,
@@ -205,7 +205,7 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
       staged[(wg * kBlockValues + v) * 128 + t] = acc(v, m, 0);
     }
   });
-  const bool block_wise = kTokens <= kMaxBlockWiseTokenTile && p.block_wise;
+  const bool block_wise = kScaling != GemmScaling::kPerTensor && p.block_wise;
   if (block_wise && threadIdx.x < kTokens) token_amax[threadIdx.x] = 0;
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 

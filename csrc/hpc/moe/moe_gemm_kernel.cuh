@@ -68,9 +68,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < Config::kStages; ++s) {
-      // The weights' expect_tx, and the token rows' (one more expect_tx,
-      // or the producer lanes' cp.async arrivals).
-      FullBarrier::init(&full[s], tma_tokens ? 2 : 1 + 32);
+      // The weights' expect_tx, the TMA token rows' one more, and the
+      // producer lanes' cp.async arrivals (lanes_copy_stages()).
+      FullBarrier::init(
+          &full[s],
+          (tma_tokens ? 2 : 1) +
+              (lanes_copy_stages<Config>(tma_tokens != nullptr) ? 32 : 0));
       EmptyBarrier::init(&empty[s], kConsumerThreads / 32);
     }
     if (split > 1) {
@@ -183,8 +186,9 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
         gate_up_epilogue_wide<kTokens, Config::kWgRows>(
             p, tile, tile_rows, n0, inter_scale, acc, coord, smem);
       } else {
-        gate_up_epilogue<kTokens>(p, tile, tile_rows, n0, inter_scale, acc,
-                                  coord, smem + Config::kStagingOffset);
+        gate_up_epilogue<kTokens, Config::kScaling>(
+            p, tile, tile_rows, n0, inter_scale, acc, coord,
+            smem + Config::kStagingOffset);
       }
     } else {
       down_epilogue<kTokens>(p, tile, tile_rows, n0, acc, coord,

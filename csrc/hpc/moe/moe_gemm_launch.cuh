@@ -78,13 +78,22 @@ void launch_gemm_config(const MoeParams& p, cudaStream_t stream) {
                             token_rows);
 }
 
-// The instantiation for a token tile at `kCtasPerSm` (moe_tiling.h:
-// gemm_scaling()).
+// The instantiation for a token tile at `kCtasPerSm` and the call's
+// scaling (moe_tiling.h: gemm_scaling()).
 template <bool kGateUp, int kTokens, int kCtasPerSm>
-void launch_gemm_at(const MoeParams& p, cudaStream_t stream) {
-  launch_gemm_config<kGateUp,
-                     GemmConfig<kTokens, kCtasPerSm,
-                                gemm_scaling(kGateUp, kTokens, kCtasPerSm)>>(
+void launch_gemm_scaled(const MoeParams& p, cudaStream_t stream) {
+  constexpr GemmScaling kBlockWise =
+      gemm_scaling(kGateUp, kTokens, kCtasPerSm, true);
+  constexpr GemmScaling kPerTensor =
+      gemm_scaling(kGateUp, kTokens, kCtasPerSm, false);
+  if constexpr (kBlockWise != kPerTensor) {
+    if (p.block_wise) {
+      return launch_gemm_config<kGateUp,
+                                GemmConfig<kTokens, kCtasPerSm, kBlockWise>>(
+          p, stream);
+    }
+  }
+  launch_gemm_config<kGateUp, GemmConfig<kTokens, kCtasPerSm, kPerTensor>>(
       p, stream);
 }
 
@@ -98,16 +107,16 @@ void launch_gemm_tile(const MoeParams& p, int ctas_per_sm,
   constexpr int kPerTensor = gemm_ctas_per_sm(kGateUp, kTokens, false);
   if constexpr (kPerTensor != kBlockWise) {
     if (ctas_per_sm == kPerTensor) {
-      return launch_gemm_at<kGateUp, kTokens, kPerTensor>(p, stream);
+      return launch_gemm_scaled<kGateUp, kTokens, kPerTensor>(p, stream);
     }
   }
   if constexpr (kTokens == kMinTokenTile) {
     if (gemm_dense_min_tile(kTokens, ctas_per_sm)) {
-      return launch_gemm_at<kGateUp, kTokens, kDenseMinTileCtasPerSm>(p,
-                                                                      stream);
+      return launch_gemm_scaled<kGateUp, kTokens, kDenseMinTileCtasPerSm>(
+          p, stream);
     }
   }
-  launch_gemm_at<kGateUp, kTokens, kBlockWise>(p, stream);
+  launch_gemm_scaled<kGateUp, kTokens, kBlockWise>(p, stream);
 }
 
 template <bool kGateUp>

@@ -111,8 +111,12 @@ struct ScaleView {
   int64_t s0;
   int64_t s1;
   int64_t s2;
+  HPC_MOE_HD const float* address(int64_t i0, int64_t i1,
+                                  int64_t i2 = 0) const {
+    return ptr + i0 * s0 + i1 * s1 + i2 * s2;
+  }
   HPC_MOE_HD float at(int64_t i0, int64_t i1, int64_t i2 = 0) const {
-    return ptr[i0 * s0 + i1 * s1 + i2 * s2];
+    return *address(i0, i1, i2);
   }
 };
 

@@ -61,9 +61,14 @@ constexpr int kThreeQuarterTokenTile = 96;
 // padding columns.
 constexpr int kTileWeightColumns = 128;
 // Block-wise scaling folds each k-block's partial product into the result
-// with its scales, which takes a second accumulator: the widest tile whose
-// two accumulators fit in a consumer thread's registers.
+// with its scales, in two block accumulators (the next k-block's product
+// runs into one while the other is folded): the widest tile whose three
+// accumulators fit in a consumer thread's registers.
 constexpr int kMaxBlockWiseTokenTile = 64;
+// Tiles of at most this many tokens that both scalings run at the same CTAs
+// per SM share one instantiation, both mainloops behind a run-time branch;
+// wider ones have one per scaling (gemm_scaling()).
+constexpr int kSharedScalingMaxTokenTile = 16;
 // K ranges of a split gate-up tile, at most: its CTAs are one cluster (8 at
 // most, portably), and the leader's stage buffers take the others' partial
 // sums (splitting is only chosen for 8-token tiles).
@@ -135,21 +140,26 @@ constexpr bool gemm_ctas_per_sm_supported(int token_tile, int ctas_per_sm) {
 // The scalings an instantiation's mainloop is compiled for.
 enum class GemmScaling { kPerTensor, kBlockWise, kEither };
 
-// The scaling the instantiation of the gate-up (`gate_up`) or down GEMM for
-// `token_tile` at `ctas_per_sm` is compiled for: the one of the calls that
-// run it. One that only calls of one scaling run (paired per-tensor CTAs;
-// block-wise 32-token CTAs, whose paired count per-tensor calls take; tiles
-// too wide for block-wise scaling) holds that mainloop alone: with both
-// behind a run-time branch, the block-wise fold ran slower.
+// The instantiation the gate-up (`gate_up`) or down GEMM runs for a call of
+// `block_wise` scaling with `token_tile` at `ctas_per_sm`: the scaling it is
+// compiled for. One that calls of a single scaling run (paired per-tensor
+// CTAs; block-wise 32-token CTAs, whose paired count per-tensor calls take)
+// holds that mainloop alone (with both behind a run-time branch, the
+// block-wise fold ran slower); so does every tile wider than
+// kSharedScalingMaxTokenTile (the block-wise one's fold overlaps the next
+// k-block's wgmma, moe_gemm.cuh).
 constexpr GemmScaling gemm_scaling(bool gate_up, int token_tile,
-                                   int ctas_per_sm) {
+                                   int ctas_per_sm, bool block_wise) {
   const bool dense = gemm_dense_min_tile(token_tile, ctas_per_sm);
   const bool per_tensor =
       dense || ctas_per_sm == gemm_ctas_per_sm(gate_up, token_tile, false);
-  const bool block_wise =
+  const bool scaled_blocks =
       token_tile <= kMaxBlockWiseTokenTile &&
       (dense || ctas_per_sm == gemm_ctas_per_sm(gate_up, token_tile, true));
-  if (per_tensor && block_wise) return GemmScaling::kEither;
+  if (per_tensor && scaled_blocks) {
+    if (token_tile <= kSharedScalingMaxTokenTile) return GemmScaling::kEither;
+    return block_wise ? GemmScaling::kBlockWise : GemmScaling::kPerTensor;
+  }
   return per_tensor ? GemmScaling::kPerTensor : GemmScaling::kBlockWise;
 }
 

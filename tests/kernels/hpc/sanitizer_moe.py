@@ -180,6 +180,17 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=100, topk=2),
         spare=0,
     ),
+    # ~50 rows per expert, block-wise: 64-token tiles, each k-block's
+    # product into one of two block accumulators while the other is folded
+    # with the token scales the producer copied into its stage.
+    dict(
+        name="block-64-token-tiles",
+        weights=dict(
+            num_experts=8, hidden_size=512, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(num_tokens=200, topk=2),
+        spare=0,
+    ),
     # ~50 rows per expert, per-tensor: 64-token tiles, the gate-up GEMM's
     # CTAs two per SM with one column block each, staging their epilogue in
     # their stage buffers.
