@@ -249,15 +249,28 @@ struct MoeTiling {
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Standard deviations of an expert's row count below its mean under which
+// expected_tiles_per_expert() takes P(X > x) as 1 (1 - 1e-30 at most).
+constexpr double kPoissonLowerTailSigmas = 12.0;
+
 // Expected tiles of `tile` rows for an expert whose row count is Poisson
 // with mean `lambda` (a uniform router's spread of rows over experts):
 // E[ceil(X / tile)] = sum over j >= 0 of P(X > j * tile). An expert with
-// a few rows more than average takes a second tile.
+// a few rows more than average takes a second tile. The sum runs from
+// kPoissonLowerTailSigmas below the mean, whose P(X = x) is taken through
+// its logarithm: e^-lambda alone underflows to zero from lambda ~745
+// (18K tokens of top-8 over 192 experts), and the sum would never end.
 inline double expected_tiles_per_expert(double lambda, int tile) {
-  double pmf = std::exp(-lambda);  // P(X = x)
-  double cdf = 0.0;                // P(X <= x)
-  double tiles = 0.0;
-  for (int x = 0; x <= lambda || 1.0 - cdf > 1e-9; ++x) {
+  const int x0 = static_cast<int>(
+      std::max(0.0, lambda - kPoissonLowerTailSigmas * std::sqrt(lambda)));
+  double tiles = static_cast<double>((x0 + tile - 1) / tile);  // below x0
+  // P(X = x)
+  double pmf =
+      x0 == 0
+          ? std::exp(-lambda)
+          : std::exp(x0 * std::log(lambda) - lambda - std::lgamma(x0 + 1.0));
+  double cdf = 0.0;  // P(x0 <= X <= x)
+  for (int x = x0; x <= lambda || 1.0 - cdf > 1e-9; ++x) {
     cdf += pmf;
     if (x % tile == 0) tiles += 1.0 - cdf;
     pmf *= lambda / (x + 1);

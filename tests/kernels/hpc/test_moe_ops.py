@@ -698,7 +698,7 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
     if block_wise:  # 128 x 128 weight blocks: tp8 block-wise runs I = 256
         inter = math.ceil(inter / 128) * 128
     last_tile = 0
-    for tokens in (*W3_TOKENS, 3, 257, 16384):
+    for tokens in (*W3_TOKENS, 3, 257, 16384, 32768, 131072):
         t = hpc_ops.moe_tiling(
             tokens, topk, local, experts, hidden, inter, sms, block_wise
         )
@@ -758,6 +758,20 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
             # partial sums), and every split keeps two 128-deep k-blocks.
             assert t.token_tile == 8
             assert t.gate_up_split <= hidden // 128 // 2
+
+
+@needs_op
+def test_tiling_long_prompts() -> None:
+    """A prefill chunk of 32K tokens and more at TP1: some 1365 rows an
+    expert and up, where e^-1365 underflows (the expected-tiles sum starts
+    near the mean instead); per-tensor calls take 128-token tiles there."""
+    local, experts, topk, hidden, inter = W3_CONFIGS["tp1"]
+    for tokens in (20000, 32768, 262144):
+        t = hpc_ops.moe_tiling(
+            tokens, topk, local, experts, hidden, inter, H200_SMS, False
+        )
+        assert t.token_tile == 128
+        assert t.max_tiles >= math.ceil(tokens * topk / 128)
 
 
 @needs_op
