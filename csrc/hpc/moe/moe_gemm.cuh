@@ -209,20 +209,23 @@ __device__ __forceinline__ int block_row(int block) {
   return block * (kGateUp ? Config::kWgRows : 2 * Config::kWgRows);
 }
 
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem,
-                                                 bool valid) {
-  asm volatile(
-      "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_address(smem)),
-      "l"(gmem), "r"(valid ? 16 : 0)
-      : "memory");
-}
-
-__device__ __forceinline__ void cp_async4_zfill(void* smem, const void* gmem,
-                                                bool valid) {
-  asm volatile(
-      "cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_address(smem)),
-      "l"(gmem), "r"(valid ? 4 : 0)
-      : "memory");
+// A cp.async of kBytes (16: token-row chunks, L2 only; 4: scales, which
+// .cg does not take), zero-filled where !valid.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_zfill(void* smem, const void* gmem,
+                                               bool valid) {
+  static_assert(kBytes == 16 || kBytes == 4);
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                     smem_address(smem)),
+                 "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(
+                     smem_address(smem)),
+                 "l"(gmem), "r"(valid ? 4 : 0)
+                 : "memory");
+  }
 }
 
 // Whether the producer warp's lanes arrive on each stage's full barrier
@@ -340,8 +343,8 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
     } else {
       auto copy_chunk = [&](int c, const uint8_t* from) {
         const bool valid = from != nullptr && kb * kTileK + chunk_k(c) < K;
-        cp_async16_zfill(&tokens(chunk_row(c), chunk_k(c), stage),
-                         valid ? from + kb * kTileK : source.base, valid);
+        cp_async_zfill<16>(&tokens(chunk_row(c), chunk_k(c), stage),
+                           valid ? from + kb * kTileK : source.base, valid);
       };
 #pragma unroll
       for (int c = 0; c < Config::kChunksPerLane; ++c) {
@@ -353,8 +356,8 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
           smem + Config::kTokenScalesOffset + stage * Config::kTokens * 4);
       for (int t = lane; t < Config::kTokens; t += 32) {
         const bool valid = t < tile.rows;
-        cp_async4_zfill(&scales[t],
-                        source.scale.address(valid ? src[t] : 0, kb), valid);
+        cp_async_zfill<4>(&scales[t],
+                          source.scale.address(valid ? src[t] : 0, kb), valid);
       }
     }
     if (lanes_copy_stages<Config>(token_rows != nullptr)) {
