@@ -65,13 +65,17 @@ constexpr int kProducerWarpgroupMinTokens = 64;
 // kScaling: the scalings its mainloop takes (moe_tiling.h: gemm_scaling()).
 // kWgRows: weight rows per consumer warpgroup, kWideWgRows for the gate-up
 // GEMM of a tiling whose gate_up_rows says so.
+// kTokenMajor: the token-major tile (moe_tiling.h, kTokenMajorTile): tokens
+// are the wgmma M side, and kWgRows is the rows of one of a stage's two
+// weight boxes, which lie one after the other as the stage's 128 N rows.
 template <int kTokenTile, int kCtasPerSmValue, GemmScaling kScalingValue,
-          int kWgRowsValue = kWgRows>
+          int kWgRowsValue = kWgRows, bool kTokenMajorValue = false>
 struct GemmConfig {
   static constexpr int kTokens = kTokenTile;
   static constexpr int kCtasPerSm = kCtasPerSmValue;
   static constexpr GemmScaling kScaling = kScalingValue;
   static constexpr int kWgRows = kWgRowsValue;
+  static constexpr bool kTokenMajor = kTokenMajorValue;
   static constexpr bool kWide = kWgRows == kWideWgRows;
   // The CTA's one weight block (wide warpgroups, paired 64-token gate-up
   // CTAs): its epilogue stages in the stage buffers.
@@ -81,15 +85,20 @@ struct GemmConfig {
   static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
   static_assert(kWgRows == hpc::moe::kWgRows ||
                 (kWide && kTokens == kThreeQuarterTokenTile &&
-                 kScaling == GemmScaling::kPerTensor));
-  static_assert(kScaling == GemmScaling::kPerTensor ||
+                 kScaling == GemmScaling::kPerTensor) ||
+                (kTokenMajor && 2 * kWgRows == kTokenMajorRows));
+  static_assert(!kTokenMajor ||
+                (kTokens == kTokenMajorTile && kCtasPerSm == 1 &&
+                 kScaling == GemmScaling::kBlockWise));
+  static_assert(kScaling == GemmScaling::kPerTensor || kTokenMajor ||
                 kTokens <= kMaxBlockWiseTokenTile);
   // Block-wise-only instantiations (32- and 64-token tiles) fold each
   // k-block's product while the next k-block's wgmma runs, in two block
   // accumulators besides the result (3 x 64 a thread for 64 tokens). Each
   // k-block's token scales then come with its stage, copied by the producer
   // into shared memory, instead of registers.
-  static constexpr bool kOverlappedFold = kScaling == GemmScaling::kBlockWise;
+  static constexpr bool kOverlappedFold =
+      kScaling == GemmScaling::kBlockWise && !kTokenMajor;
   // A CTA of two consumer warpgroups and a producer warp gets at most 168
   // registers a thread from ptxas (the 96- and 128-token tiles use all of
   // them; 64-token tiles spill). A CTA alone on its SM with tiles of 64
@@ -126,9 +135,11 @@ struct GemmConfig {
   // Paired 32- and 64-token CTAs take 2 each, as one took 4.
   static constexpr bool kPaired =
       !kNarrow && kCtasPerSm == kPairedTileCtasPerSm;
-  static constexpr int kStages = kCtasPerSm == kDenseMinTileCtasPerSm || kPaired
-                                     ? 2
-                                     : (kNarrow || kTokens > 64 ? 3 : 4);
+  // Token-major tiles stage 32 KB a k-block, as 64-token ones do 40.
+  static constexpr int kStages =
+      kCtasPerSm == kDenseMinTileCtasPerSm || kPaired
+          ? 2
+          : (kTokenMajor || (!kNarrow && kTokens <= 64) ? 4 : 3);
   // Whether a mainloop that accumulates in place keeps one k-block's wgmma
   // in flight while it issues the next: that stage is then released one
   // k-block later, so the producer fills kStages - 1 ahead instead of
@@ -158,10 +169,22 @@ struct GemmConfig {
   // A CTA of one block (kOneBlock): the staging (wide warpgroups: gate and
   // up values, fp32) in the stage buffers, free once that block is done.
   static constexpr int kWeightBytes = 2 * kStages * kWgStageBytes;
+  // Byte offset of weight box `box` (a warpgroup's rows; token-major, the
+  // first or last 64 of the stage's N rows) of `stage`: token-major stages
+  // hold their two boxes together, one wgmma B operand.
+  __host__ __device__ static constexpr int weight_box_offset(int box,
+                                                             int stage) {
+    return (kTokenMajor ? stage * 2 + box : box * kStages + stage) *
+           kWgStageBytes;
+  }
   static constexpr int kStageBytes = kWeightBytes + kStages * kTokenStageBytes;
   static constexpr int kStagingOffset = kOneBlock ? 0 : kStageBytes;
-  static constexpr int kStagingBytes =
-      kWide ? 2 * kTokens * kWgRows * 4 : kTokens * (kCtaRows * 2 + 4);
+  // Token-major: a scale group's fp32 h values [kTokens][128] and per-token
+  // amax (the down GEMM's 16-bit rows take half).
+  static constexpr int kStagingBytes = kTokenMajor
+                                           ? kTokens * (kScaleBlock * 4 + 4)
+                                       : kWide ? 2 * kTokens * kWgRows * 4
+                                               : kTokens * (kCtaRows * 2 + 4);
   static_assert(!kOneBlock || kStagingBytes <= kStageBytes);
   // Then [stage][token] fp32 activation scales (kOverlappedFold).
   static constexpr int kTokenScalesOffset =
@@ -265,8 +288,8 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
         static_cast<uint64_t>(p.tiling.evict_first_weights
                                   ? cute::TMA::CacheHintSm90::EVICT_FIRST
                                   : cute::TMA::CacheHintSm90::EVICT_NORMAL),
-        smem + (wg * Config::kStages + stage) * Config::kWgStageBytes,
-        kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
+        smem + Config::weight_box_offset(wg, stage), kb * kTileK, row,
+        kGateUp ? wg : 0, tile.expert);
   }
 }
 

@@ -433,7 +433,8 @@ def test_cases_cover_every_tiling() -> None:
     assert {t.gate_up_ctas_per_sm for t in grouped_8} == {2, 3}
     assert {t.down_ctas_per_sm for t in grouped_8} == {2, 3}
     assert {t.decode for t in tilings} == {True, False}
-    assert {t.gate_up_rows for t in tilings} == {128, 192}
+    assert {t.gate_up_rows for t in tilings} == {64, 128, 192}
+    assert {t.token_major for t in tilings} == {True, False}
     # The grouped path with and without the route stage.
     assert {t.slot_tiles for t in tilings if not t.decode} == {True, False}
 
