@@ -196,8 +196,8 @@ struct GemmConfig {
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
   // the static shared memory (barriers, the tile's rows, sources and
   // scales, find_slot_tile()'s tables; by ptxas 0.8-0.9 KB for the narrow
-  // tiles that share an SM, up to 2.8 KB for the wide ones).
-  static constexpr int kStaticBytes = kNarrow ? 1024 : 3 * 1024;
+  // tiles that share an SM, up to 3.3 KB for the 128-token ones).
+  static constexpr int kStaticBytes = kNarrow ? 1024 : 4 * 1024;
   static_assert(kCtasPerSm * (kBytes + 1024 + kStaticBytes) <= 228 * 1024);
 };
 

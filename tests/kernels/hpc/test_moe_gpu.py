@@ -316,6 +316,10 @@ def _feature_cases() -> list[Case]:
         Case(tokens=16, shape=Shape(192, 8, 1152, 256), quant="tensor-static"),
         Case(tokens=300, shape=Shape(192, 8, 1152, 256), quant="block", shared=True),
         Case(tokens=300, shape=Shape(8, 8, 1152, 256), quant="tensor-dynamic"),
+        # Token-major 128-token tiles (~250 and 515 rows an expert): partly
+        # filled last tiles (515 = 4 x 128 + 3), H of nine 128-row blocks.
+        Case(tokens=1000, shape=Shape(8, 2, 1152, 256), quant="block"),
+        Case(tokens=515, shape=Shape(8, 8, 1152, 256), quant="block-fp8", shared=True),
         # One-element scales shaped [1].
         Case(tokens=64, shape=EP_SHAPE, quant="tensor-fp8", scalar_shape=(1,)),
         Case(tokens=257, shape=EP_SHAPE, quant="tensor-static", scalar_shape=(1,)),

@@ -888,15 +888,19 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp1", 2048).token_tile == 96
     assert tiling("tp1", 2600).token_tile == 128
     assert tiling("tp1", 16384).token_tile == 128
-    # Block-wise, the same cost puts 171 rows an expert in two token-major
-    # 128-token tiles (256 columns) rather than three of 64 (192 + the third
-    # tile's weight stream); 43 rows (1024 tokens) in one 64-token tile.
+    # Block-wise, 171 rows an expert stay in three 64-token tiles (two
+    # token-major ones would be a third empty); the 32K prompt's 1365 rows
+    # at TP1 take token-major 128-token tiles (an EP8 rank's likewise).
     for config in ("tp1", "ep8"):
-        t = tiling(config, 4096, block_wise=True)
+        assert not tiling(config, 4096, block_wise=True).token_major
+        t = tiling(config, 32768, block_wise=True)
         assert t.token_major and t.token_tile == 128
-        assert not tiling(config, 1024, block_wise=True).token_major
+        assert (t.gate_up_rows, t.gate_up_group) == (64, 2)
+        assert t.gate_up_blocks == W3_CONFIGS[config][4] // 64
+        assert t.down_blocks == W3_CONFIGS[config][3] // 128
+    assert tiling("tp1", 4096, block_wise=True).token_tile == 64
     # Not with an intermediate of partial 128-column scale groups (I = 192).
-    assert not tiling("tp8", 4096, block_wise=True).token_major
+    assert not tiling("tp8", 32768, block_wise=True).token_major
     assert tiling("tp1", 1024, block_wise=True).token_tile == 64
     assert not tiling("tp1", 4096).token_major  # per-tensor: 96-token tiles
     assert tiling("tp1", 1024).token_tile == 64
