@@ -409,6 +409,25 @@ __device__ void load_tile_scales(const MoeParams& p, const TileInfo& tile,
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 }
 
+// Block-wise scaling: the wgmma of one k-block (the stage's operands
+// `tCrA`, `tCrB`) into the block accumulator `blk`, which they overwrite;
+// committed, not waited for.
+template <class Mma, class FragA, class FragB, class Blk>
+__device__ __forceinline__ void issue_block_product(Mma& mma, const FragA& tCrA,
+                                                    const FragB& tCrB,
+                                                    int stage, Blk& blk) {
+  using namespace cute;
+  warpgroup_fence_operand(blk);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
 // Consumer warpgroup `wg`: acc = sum over k-blocks [kb_begin, kb_end) of
 // (W[rows of wg] . X[tokens]^T) * weight scale * activation scale, for the
 // weight rows from n0. `stage` and `phase` carry the ring's position from
@@ -491,15 +510,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   // `blk`, once the stage's copies have landed (committed, not waited for).
   auto issue = [&](auto& blk) {
     acquire();
-    warpgroup_fence_operand(blk);
-    warpgroup_arrive();
-    mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int k = 0; k < size<2>(tCrA); ++k) {
-      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
+    issue_block_product(mma, tCrA, tCrB, stage, blk);
   };
 
   if constexpr (Config::kOverlappedFold) {

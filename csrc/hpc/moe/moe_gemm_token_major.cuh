@@ -111,15 +111,7 @@ __device__ void token_major_mma_stages(const MoeParams& p, const TileInfo& tile,
     FullBarrier::wait(&full[stage], phase);
     // Token rows copied by cp.async came through the generic proxy.
     cutlass::arch::fence_view_async_shared();
-    warpgroup_fence_operand(blk);
-    warpgroup_arrive();
-    mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-    for (int k = 0; k < size<2>(tCrA); ++k) {
-      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
-      mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
+    issue_block_product(mma, tCrA, tCrB, stage, blk);
     warpgroup_wait<0>();
     warpgroup_fence_operand(blk);
     __syncwarp();
