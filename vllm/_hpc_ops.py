@@ -685,21 +685,18 @@ class MoeTiling:
     ``moe_tiling`` function of ``csrc/hpc/moe/moe_tiling.h``)."""
 
     token_tile: int  # tokens per GEMM tile (the wgmma N side): 8..64, 96, 128
-    # (token-major: the M side)
     max_tiles: int  # token tiles over all local experts, at most
-    gate_up_rows: int  # weight rows per gate-up warpgroup: 128 or 192 (64:
-    # columns per gate-up block of a token-major tiling)
+    gate_up_rows: int  # weight rows per gate-up warpgroup: 128 or 192
     gate_up_blocks: int  # gate_up_rows-column blocks of the intermediate
     gate_up_split: int  # K splits of the gate-up GEMM
     gate_up_group: int  # column blocks per gate-up CTA (1 when K is split)
     gate_up_ctas_per_sm: int  # gate-up CTAs sharing an SM (1, 2 or 3)
-    down_blocks: int  # 256-row (token-major: 128-row) blocks of hidden
+    down_blocks: int  # 256-row blocks of the hidden dimension
     down_group: int  # row blocks per down-GEMM CTA
     down_ctas_per_sm: int  # down-GEMM CTAs sharing an SM (1, 2 or 3)
     decode: bool  # a few tokens: the decode path instead
     slot_tiles: bool  # few routed slots: grouped GEMMs without a route stage
     evict_first_weights: bool  # GEMM weights loaded evict-first (8-token tiles)
-    token_major: bool  # 128-token tiles as the wgmma M side (block-wise)
 
 
 def moe_tiling(

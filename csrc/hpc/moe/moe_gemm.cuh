@@ -65,17 +65,13 @@ constexpr int kProducerWarpgroupMinTokens = 64;
 // kScaling: the scalings its mainloop takes (moe_tiling.h: gemm_scaling()).
 // kWgRows: weight rows per consumer warpgroup, kWideWgRows for the gate-up
 // GEMM of a tiling whose gate_up_rows says so.
-// kTokenMajor: the token-major tile (moe_tiling.h, kTokenMajorTile): tokens
-// are the wgmma M side, and kWgRows is the rows of one of a stage's two
-// weight boxes, which lie one after the other as the stage's 128 N rows.
 template <int kTokenTile, int kCtasPerSmValue, GemmScaling kScalingValue,
-          int kWgRowsValue = kWgRows, bool kTokenMajorValue = false>
+          int kWgRowsValue = kWgRows>
 struct GemmConfig {
   static constexpr int kTokens = kTokenTile;
   static constexpr int kCtasPerSm = kCtasPerSmValue;
   static constexpr GemmScaling kScaling = kScalingValue;
   static constexpr int kWgRows = kWgRowsValue;
-  static constexpr bool kTokenMajor = kTokenMajorValue;
   static constexpr bool kWide = kWgRows == kWideWgRows;
   // The CTA's one weight block (wide warpgroups, paired 64-token gate-up
   // CTAs): its epilogue stages in the stage buffers.
@@ -85,20 +81,15 @@ struct GemmConfig {
   static_assert(gemm_ctas_per_sm_supported(kTokens, kCtasPerSm));
   static_assert(kWgRows == hpc::moe::kWgRows ||
                 (kWide && kTokens == kThreeQuarterTokenTile &&
-                 kScaling == GemmScaling::kPerTensor) ||
-                (kTokenMajor && 2 * kWgRows == kTokenMajorRows));
-  static_assert(!kTokenMajor ||
-                (kTokens == kTokenMajorTile && kCtasPerSm == 1 &&
-                 kScaling == GemmScaling::kBlockWise));
-  static_assert(kScaling == GemmScaling::kPerTensor || kTokenMajor ||
+                 kScaling == GemmScaling::kPerTensor));
+  static_assert(kScaling == GemmScaling::kPerTensor ||
                 kTokens <= kMaxBlockWiseTokenTile);
   // Block-wise-only instantiations (32- and 64-token tiles) fold each
   // k-block's product while the next k-block's wgmma runs, in two block
   // accumulators besides the result (3 x 64 a thread for 64 tokens). Each
   // k-block's token scales then come with its stage, copied by the producer
   // into shared memory, instead of registers.
-  static constexpr bool kOverlappedFold =
-      kScaling == GemmScaling::kBlockWise && !kTokenMajor;
+  static constexpr bool kOverlappedFold = kScaling == GemmScaling::kBlockWise;
   // A CTA of two consumer warpgroups and a producer warp gets at most 168
   // registers a thread from ptxas (the 96- and 128-token tiles use all of
   // them; 64-token tiles spill). A CTA alone on its SM with tiles of 64
@@ -135,11 +126,9 @@ struct GemmConfig {
   // Paired 32- and 64-token CTAs take 2 each, as one took 4.
   static constexpr bool kPaired =
       !kNarrow && kCtasPerSm == kPairedTileCtasPerSm;
-  // Token-major tiles stage 32 KB a k-block, as 64-token ones do 40.
-  static constexpr int kStages =
-      kCtasPerSm == kDenseMinTileCtasPerSm || kPaired
-          ? 2
-          : (kTokenMajor || (!kNarrow && kTokens <= 64) ? 4 : 3);
+  static constexpr int kStages = kCtasPerSm == kDenseMinTileCtasPerSm || kPaired
+                                     ? 2
+                                     : (kNarrow || kTokens > 64 ? 3 : 4);
   // Whether a mainloop that accumulates in place keeps one k-block's wgmma
   // in flight while it issues the next: that stage is then released one
   // k-block later, so the producer fills kStages - 1 ahead instead of
@@ -169,22 +158,10 @@ struct GemmConfig {
   // A CTA of one block (kOneBlock): the staging (wide warpgroups: gate and
   // up values, fp32) in the stage buffers, free once that block is done.
   static constexpr int kWeightBytes = 2 * kStages * kWgStageBytes;
-  // Byte offset of weight box `box` (a warpgroup's rows; token-major, the
-  // first or last 64 of the stage's N rows) of `stage`: token-major stages
-  // hold their two boxes together, one wgmma B operand.
-  __host__ __device__ static constexpr int weight_box_offset(int box,
-                                                             int stage) {
-    return (kTokenMajor ? stage * 2 + box : box * kStages + stage) *
-           kWgStageBytes;
-  }
   static constexpr int kStageBytes = kWeightBytes + kStages * kTokenStageBytes;
   static constexpr int kStagingOffset = kOneBlock ? 0 : kStageBytes;
-  // Token-major: a scale group's fp32 h values [kTokens][128] and per-token
-  // amax (the down GEMM's 16-bit rows take half).
-  static constexpr int kStagingBytes = kTokenMajor
-                                           ? kTokens * (kScaleBlock * 4 + 4)
-                                       : kWide ? 2 * kTokens * kWgRows * 4
-                                               : kTokens * (kCtaRows * 2 + 4);
+  static constexpr int kStagingBytes =
+      kWide ? 2 * kTokens * kWgRows * 4 : kTokens * (kCtaRows * 2 + 4);
   static_assert(!kOneBlock || kStagingBytes <= kStageBytes);
   // Then [stage][token] fp32 activation scales (kOverlappedFold).
   static constexpr int kTokenScalesOffset =
@@ -196,8 +173,8 @@ struct GemmConfig {
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
   // the static shared memory (barriers, the tile's rows, sources and
   // scales, find_slot_tile()'s tables; by ptxas 0.8-0.9 KB for the narrow
-  // tiles that share an SM, up to 3.3 KB for the 128-token ones).
-  static constexpr int kStaticBytes = kNarrow ? 1024 : 4 * 1024;
+  // tiles that share an SM, up to 2.8 KB for the wide ones).
+  static constexpr int kStaticBytes = kNarrow ? 1024 : 3 * 1024;
   static_assert(kCtasPerSm * (kBytes + 1024 + kStaticBytes) <= 228 * 1024);
 };
 
@@ -288,8 +265,8 @@ __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
         static_cast<uint64_t>(p.tiling.evict_first_weights
                                   ? cute::TMA::CacheHintSm90::EVICT_FIRST
                                   : cute::TMA::CacheHintSm90::EVICT_NORMAL),
-        smem + Config::weight_box_offset(wg, stage), kb * kTileK, row,
-        kGateUp ? wg : 0, tile.expert);
+        smem + (wg * Config::kStages + stage) * Config::kWgStageBytes,
+        kb * kTileK, row, kGateUp ? wg : 0, tile.expert);
   }
 }
 
@@ -409,25 +386,6 @@ __device__ void load_tile_scales(const MoeParams& p, const TileInfo& tile,
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
 }
 
-// Block-wise scaling: the wgmma of one k-block (the stage's operands
-// `tCrA`, `tCrB`) into the block accumulator `blk`, which they overwrite;
-// committed, not waited for.
-template <class Mma, class FragA, class FragB, class Blk>
-__device__ __forceinline__ void issue_block_product(Mma& mma, const FragA& tCrA,
-                                                    const FragB& tCrB,
-                                                    int stage, Blk& blk) {
-  using namespace cute;
-  warpgroup_fence_operand(blk);
-  warpgroup_arrive();
-  mma.accumulate_ = GMMA::ScaleOut::Zero;
-#pragma unroll
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
-    mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-}
-
 // Consumer warpgroup `wg`: acc = sum over k-blocks [kb_begin, kb_end) of
 // (W[rows of wg] . X[tokens]^T) * weight scale * activation scale, for the
 // weight rows from n0. `stage` and `phase` carry the ring's position from
@@ -510,7 +468,15 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   // `blk`, once the stage's copies have landed (committed, not waited for).
   auto issue = [&](auto& blk) {
     acquire();
-    issue_block_product(mma, tCrA, tCrB, stage, blk);
+    warpgroup_fence_operand(blk);
+    warpgroup_arrive();
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+#pragma unroll
+    for (int k = 0; k < size<2>(tCrA); ++k) {
+      gemm(mma, tCrA(_, _, k, stage), tCrB(_, _, k, stage), blk);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
   };
 
   if constexpr (Config::kOverlappedFold) {

@@ -158,23 +158,6 @@ __device__ void store_inter_rows(const MoeParams& p, const TileInfo& tile,
   }
 }
 
-// Token `tok`'s block-wise scale of the 128-column group at n0, from the
-// group's largest magnitude staged in `token_amax` (as float bits); the
-// token's chunk at column 0 also writes it to the intermediate's scales.
-__device__ __forceinline__ float group_scale_of(const MoeParams& p,
-                                                const int* rows, int n0,
-                                                const int* token_amax, int tok,
-                                                int col) {
-  const float scale = dynamic_scale(__int_as_float(token_amax[tok]));
-  if (col == 0) {
-    float* inter_scale =
-        reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
-    inter_scale[int64_t(rows[tok]) * ceil_div(p.inter, kScaleBlock) +
-                n0 / kScaleBlock] = scale;
-  }
-  return scale;
-}
-
 // `rows`: the tile's rows (moe_tiles.cuh). `static_scale`: the
 // intermediate's per-tensor scale (unused block-wise), read by the caller
 // before its mainloop.
@@ -268,6 +251,8 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
 
   // The intermediate's columns [n0, n0 + 128), and block-wise, the token's
   // scale of that group.
+  float* inter_scale =
+      reinterpret_cast<float*>(p.workspace + p.layout.inter_scale());
   store_inter_rows<kTokens, kWgRows>(
       p, tile, rows, n0,
       [&](int tok, int col) {
@@ -276,7 +261,12 @@ __device__ void gate_up_epilogue(const MoeParams& p, const TileInfo& tile,
       },
       [&](int tok, int col) {
         if (!block_wise) return static_scale;
-        return group_scale_of(p, rows, n0, token_amax, tok, col);
+        const float scale = dynamic_scale(__int_as_float(token_amax[tok]));
+        if (col == 0) {
+          inter_scale[int64_t(rows[tok]) * ceil_div(p.inter, kScaleBlock) +
+                      n0 / kScaleBlock] = scale;
+        }
+        return scale;
       });
 }
 
@@ -321,52 +311,11 @@ __device__ void gate_up_epilogue_wide(const MoeParams& p, const TileInfo& tile,
       [&](int, int) { return static_scale; });
 }
 
-// Element index of weight row `row` of token `tok` in the down epilogues'
-// staged rows, [kTokens][kRows] (unswizzled, the 512-byte token rows would
-// put the four tokens a warp's quads write in the same four banks).
-template <int kRows = kCtaRows>
+// Element index of weight row `row` of token `tok` in down_epilogue()'s
+// staged rows, [kTokens][kCtaRows] (unswizzled, the 512-byte token rows
+// would put the four tokens a warp's quads write in the same four banks).
 __device__ __forceinline__ int staged_down_index(int tok, int row) {
-  return tok * kRows + staged_column(tok, row);
-}
-
-// The copy-out of staged 16-bit down rows ([kTokens][kRows], hidden rows
-// [n0, n0 + kRows)) to each (token, expert) pair's row: a thread takes one
-// 16-byte chunk (8 rows of H) of every kTokensPerPass-th token. The row
-// indices and chunks of kBatch tokens are loaded before any of them is
-// stored, so their shared-memory latencies overlap instead of each store
-// waiting for its own.
-template <int kTokens, int kRows>
-__device__ void store_down_rows(const MoeParams& p, const TileInfo& tile,
-                                const int* rows, int n0,
-                                const __nv_bfloat16* staged) {
-  __nv_bfloat16* down =
-      reinterpret_cast<__nv_bfloat16*>(p.workspace + p.layout.down_rows());
-  constexpr int kChunks = kRows / 8;
-  constexpr int kTokensPerPass = kConsumerThreads / kChunks;
-  constexpr int kPasses = (kTokens + kTokensPerPass - 1) / kTokensPerPass;
-  constexpr int kBatch = kPasses < 4 ? kPasses : 4;
-  static_assert(kPasses % kBatch == 0);
-  const int chunk = threadIdx.x % kChunks;
-  const int col = n0 + chunk * 8;
-  if (col >= p.hidden) return;
-  for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
-    if (pass0 * kTokensPerPass >= tile.rows) break;
-    int64_t dst[kBatch];
-    uint4 chunk_values[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int tok = (pass0 + b) * kTokensPerPass + threadIdx.x / kChunks;
-      dst[b] = tok < tile.rows ? int64_t(rows[tok]) * p.hidden + col : -1;
-      chunk_values[b] = *reinterpret_cast<const uint4*>(
-          staged + staged_down_index<kRows>(tok, chunk * 8));
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      if (dst[b] >= 0) {
-        *reinterpret_cast<uint4*>(down + dst[b]) = chunk_values[b];
-      }
-    }
-  }
+  return tok * kCtaRows + staged_column(tok, row);
 }
 
 template <int kTokens, class Acc, class Coord>
@@ -385,7 +334,39 @@ __device__ void down_epilogue(const MoeParams& p, const TileInfo& tile,
         __float2bfloat16(acc(i));
   }
   named_barrier_sync(kConsumerBarrier, kConsumerThreads);
-  store_down_rows<kTokens, kCtaRows>(p, tile, rows, n0, staged);
+
+  // The copy-out: a thread takes one 16-byte chunk (8 rows of H) of every
+  // kTokensPerPass-th token. The row indices and chunks of kBatch tokens are
+  // loaded before any of them is stored, so their shared-memory latencies
+  // overlap instead of each store waiting for its own.
+  __nv_bfloat16* down =
+      reinterpret_cast<__nv_bfloat16*>(p.workspace + p.layout.down_rows());
+  constexpr int kChunks = kCtaRows / 8;
+  constexpr int kTokensPerPass = kConsumerThreads / kChunks;
+  constexpr int kPasses = (kTokens + kTokensPerPass - 1) / kTokensPerPass;
+  constexpr int kBatch = kPasses < 4 ? kPasses : 4;
+  static_assert(kPasses % kBatch == 0);
+  const int chunk = threadIdx.x % kChunks;
+  const int col = n0 + chunk * 8;
+  if (col >= p.hidden) return;
+  for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
+    if (pass0 * kTokensPerPass >= tile.rows) break;
+    int64_t dst[kBatch];
+    uint4 chunk_values[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      const int tok = (pass0 + b) * kTokensPerPass + threadIdx.x / kChunks;
+      dst[b] = tok < tile.rows ? int64_t(rows[tok]) * p.hidden + col : -1;
+      chunk_values[b] = *reinterpret_cast<const uint4*>(
+          staged + staged_down_index(tok, chunk * 8));
+    }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (dst[b] >= 0) {
+        *reinterpret_cast<uint4*>(down + dst[b]) = chunk_values[b];
+      }
+    }
+  }
 }
 
 }  // namespace moe

@@ -2,8 +2,7 @@
 // producer / consumer split of moe_gemm.cuh and the epilogues of
 // moe_gemm_epilogue.cuh. Grid: x = group of column blocks x split index
 // (gate-up) or group of row blocks (down), y = token tile; CTAs past the
-// tiles of this call return. Config: GemmConfig (token tile, CTAs per SM,
-// scaling, weight rows, token-major: moe_gemm_token_major.cuh's consumers).
+// tiles of this call return. Config: GemmConfig (token tile, CTAs per SM).
 #pragma once
 
 #include <cuda.h>
@@ -19,7 +18,6 @@
 #include "common/shared_memory.cuh"
 #include "moe/moe_gemm.cuh"
 #include "moe/moe_gemm_epilogue.cuh"
-#include "moe/moe_gemm_token_major.cuh"
 #include "moe/moe_params.h"
 #include "moe/moe_tiles.cuh"
 
@@ -154,51 +152,47 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   if constexpr (Config::kProducerWarpgroup) {
     cutlass::arch::warpgroup_reg_alloc<Config::kConsumerRegs>();
   }
-  if constexpr (Config::kTokenMajor) {
-    token_major_consumers<kGateUp, Config>(p, tile, tile_rows, token_src, range,
-                                           smem, full, empty);
-  } else {
-    typename Config::TiledMma mma;
-    auto thr = mma.get_thread_slice(threadIdx.x % 128);
-    const auto tile_shape = make_shape(Int<Config::kWgRows>{}, Int<kTokens>{});
-    Tensor acc = partition_fragment_C(mma, tile_shape);
-    const Tensor coord = thr.partition_C(make_identity_tensor(tile_shape));
-    int stage = 0;
-    uint32_t phase = 0;
-    // Read now, behind this CTA's first weight copies: in the epilogue the
-    // load would wait for all the copies its SM then has in flight.
-    const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
-    if (scales_once<Config>(p)) {
-      load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
-    }
-    for (int block = range.block_begin; block < range.block_end; ++block) {
-      const int n0 = block_row<kGateUp, Config>(block);
-      mma_stages<kGateUp, Config>(p, tile, n0, token_src, tile_scale,
-                                  range.kb_begin, range.kb_end, smem, full,
-                                  empty, acc, coord, stage, phase);
-      if constexpr (kGateUp) {
-        if constexpr (kTokens == kMinTokenTile) {
-          // The leader's stage buffers hold the others' partial sums.
-          static_assert((kMaxSplit - 1) * kCtaRows * kMinTokenTile *
-                            sizeof(float) <=
-                        Config::kWeightBytes);
-          if (split > 1 && !merge_split_k(split, blockIdx.x % split, acc, smem,
-                                          &split_barriers)) {
-            return;
-          }
+
+  typename Config::TiledMma mma;
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  const auto tile_shape = make_shape(Int<Config::kWgRows>{}, Int<kTokens>{});
+  Tensor acc = partition_fragment_C(mma, tile_shape);
+  const Tensor coord = thr.partition_C(make_identity_tensor(tile_shape));
+  int stage = 0;
+  uint32_t phase = 0;
+  // Read now, behind this CTA's first weight copies: in the epilogue the
+  // load would wait for all the copies its SM then has in flight.
+  const float inter_scale = kGateUp && !p.block_wise ? *p.a2_scale : 1.f;
+  if (scales_once<Config>(p)) {
+    load_tile_scales<kGateUp, kTokens>(p, tile, token_src, tile_scale);
+  }
+  for (int block = range.block_begin; block < range.block_end; ++block) {
+    const int n0 = block_row<kGateUp, Config>(block);
+    mma_stages<kGateUp, Config>(p, tile, n0, token_src, tile_scale,
+                                range.kb_begin, range.kb_end, smem, full, empty,
+                                acc, coord, stage, phase);
+    if constexpr (kGateUp) {
+      if constexpr (kTokens == kMinTokenTile) {
+        // The leader's stage buffers hold the others' partial sums.
+        static_assert((kMaxSplit - 1) * kCtaRows * kMinTokenTile *
+                          sizeof(float) <=
+                      Config::kWeightBytes);
+        if (split > 1 && !merge_split_k(split, blockIdx.x % split, acc, smem,
+                                        &split_barriers)) {
+          return;
         }
-        if constexpr (Config::kWide) {
-          gate_up_epilogue_wide<kTokens, Config::kWgRows>(
-              p, tile, tile_rows, n0, inter_scale, acc, coord, smem);
-        } else {
-          gate_up_epilogue<kTokens, Config::kScaling>(
-              p, tile, tile_rows, n0, inter_scale, acc, coord,
-              smem + Config::kStagingOffset);
-        }
-      } else {
-        down_epilogue<kTokens>(p, tile, tile_rows, n0, acc, coord,
-                               smem + Config::kStagingOffset);
       }
+      if constexpr (Config::kWide) {
+        gate_up_epilogue_wide<kTokens, Config::kWgRows>(
+            p, tile, tile_rows, n0, inter_scale, acc, coord, smem);
+      } else {
+        gate_up_epilogue<kTokens, Config::kScaling>(
+            p, tile, tile_rows, n0, inter_scale, acc, coord,
+            smem + Config::kStagingOffset);
+      }
+    } else {
+      down_epilogue<kTokens>(p, tile, tile_rows, n0, acc, coord,
+                             smem + Config::kStagingOffset);
     }
   }
 }

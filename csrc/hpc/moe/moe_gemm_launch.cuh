@@ -144,12 +144,6 @@ void launch_gemm(const MoeParams& p, cudaStream_t stream) {
       return launch_gemm_tile<kGateUp, kThreeQuarterTokenTile>(p, ctas_per_sm,
                                                                stream);
     case 128:
-      if (t.token_major) {
-        return launch_gemm_config<
-            kGateUp, GemmConfig<kTokenMajorTile, 1, GemmScaling::kBlockWise,
-                                kTokenMajorRows / 2, /*kTokenMajor=*/true>>(
-            p, stream);
-      }
       return launch_gemm_tile<kGateUp, 128>(p, ctas_per_sm, stream);
     default:
       throw std::invalid_argument("fused_moe_fp8: unsupported token tile");

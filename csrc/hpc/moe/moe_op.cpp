@@ -67,8 +67,7 @@ std::vector<NamedValue> tiling_fields(const moe::MoeTiling& t) {
           {"down_ctas_per_sm", t.down_ctas_per_sm},
           {"decode", t.decode},
           {"slot_tiles", t.slot_tiles},
-          {"evict_first_weights", t.evict_first_weights},
-          {"token_major", t.token_major}};
+          {"evict_first_weights", t.evict_first_weights}};
 }
 
 // What a call's tiling depends on.

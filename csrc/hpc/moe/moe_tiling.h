@@ -65,25 +65,6 @@ constexpr int kTileWeightColumns = 128;
 // runs into one while the other is folded): the widest tile whose three
 // accumulators fit in a consumer thread's registers.
 constexpr int kMaxBlockWiseTokenTile = 64;
-// Token-major GEMMs (moe_gemm_token_major.cuh): block-wise calls whose
-// experts have a few hundred rows or more take tiles of 128 tokens as the
-// wgmma M side (64 per consumer warpgroup) against 128 weight rows as N: a
-// k-block then moves 32 KB for 4.2 MFLOP where the weight-major 64-token
-// tile moves 40 KB, and the fold takes two token scales a thread. A gate-up
-// block is 64 intermediate columns (64 gate rows and the matching 64 up
-// rows); a CTA takes the two blocks of one 128-column scale group. A down
-// block is 128 hidden rows.
-constexpr int kTokenMajorTile = 128;
-constexpr int kTokenMajorRows = 128;  // weight rows per CTA (wgmma N)
-constexpr int kTokenMajorGateUpColumns = kTokenMajorRows / 2;
-constexpr int kTokenMajorGateUpGroup = kScaleBlock / kTokenMajorGateUpColumns;
-// A token-major tile's k-block step (4.2 MFLOP) takes this fraction of a
-// weight-major 64-token tile's (H100, tp1 block-wise 4096 tokens: 1.33x
-// the steps in 1.195x the time). The tiling weighs the two by their
-// expected columns an expert: token-major for 72-121 rows an expert (one
-// tile where 64-token ones take two), in bands above as the two fill, and
-// from 432 rows on.
-constexpr double kTokenMajorStepCost = 0.9;
 // Tiles of at most this many tokens that both scalings run at the same CTAs
 // per SM share one instantiation, both mainloops behind a run-time branch;
 // wider ones have one per scaling (gemm_scaling()).
@@ -253,19 +234,17 @@ constexpr int kMaxGateUpGroup = 2;
 struct MoeTiling {
   int token_tile;           // tokens per GEMM tile: 8, 16, 32, 64, 96, 128
   int max_tiles;            // tiles over all local experts, at most (grid size)
-  int gate_up_rows;         // weight rows per gate-up warpgroup: 128 or 192;
-                            // token-major: columns per gate-up block, 64
+  int gate_up_rows;         // weight rows per gate-up warpgroup: 128 or 192
   int gate_up_blocks;       // gate_up_rows-column blocks of the intermediate
   int gate_up_split;        // K ranges of the gate-up GEMM, each its own CTA
   int gate_up_group;        // column blocks per gate-up CTA (1 when K is split)
   int gate_up_ctas_per_sm;  // gate-up CTAs sharing an SM
-  int down_blocks;          // 256-row (token-major: 128) blocks of hidden
+  int down_blocks;          // 256-row blocks of the hidden dimension
   int down_group;           // row blocks per down-GEMM CTA
   int down_ctas_per_sm;     // down-GEMM CTAs sharing an SM
   bool decode;              // the decode path instead of route + grouped GEMMs
   bool slot_tiles;          // grouped GEMMs without a route stage (slot rows)
   bool evict_first_weights;  // GEMM weight loads with the evict-first policy
-  bool token_major;          // tokens as the wgmma M side (kTokenMajorTile)
 };
 
 HPC_MOE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -338,28 +317,11 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
       t.token_tile = kThreeQuarterTokenTile;
     }
   }
-  // Block-wise calls past 64 rows an expert: token-major 128-token tiles
-  // where their expected columns an expert, at kTokenMajorStepCost, cost
-  // less than 64-token ones'; routed (many rows), with whole scale groups of
-  // the intermediate.
-  if (block_wise && t.token_tile == kMaxBlockWiseTokenTile &&
-      inter % kScaleBlock == 0 && rows > kSlotTilesMaxSlots) {
-    const double lambda = double(rows) / all_experts;
-    auto columns = [&](int tile) {
-      return expected_tiles_per_expert(lambda, tile) * tile;
-    };
-    if (kTokenMajorStepCost * columns(kTokenMajorTile) <
-        columns(kMaxBlockWiseTokenTile)) {
-      t.token_tile = kTokenMajorTile;
-      t.token_major = true;
-    }
-  }
   // An expert with c rows takes ceil(c / tile) tiles, so all tiles number
   // at most rows / tile + (experts with any row).
   const int64_t experts_hit = std::min<int64_t>(num_local_experts, rows);
   t.max_tiles = static_cast<int>(ceil_div(rows, t.token_tile) + experts_hit);
-  t.down_blocks = static_cast<int>(
-      ceil_div(hidden, t.token_major ? kTokenMajorRows : kCtaRows));
+  t.down_blocks = static_cast<int>(ceil_div(hidden, kCtaRows));
 
   // Tiles expected with an even spread of this rank's rows.
   const int64_t tiles_per_expert = ceil_div(per_expert, t.token_tile);
@@ -373,8 +335,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   const bool wide_fits = t.token_tile == kThreeQuarterTokenTile &&
                          !block_wise && inter % kWideWgRows == 0;
   t.gate_up_rows =
-      t.token_major ? kTokenMajorGateUpColumns
-      : wide_fits && tiles * (inter / kWideWgRows) >= kMinWideWaves * num_sms
+      wide_fits && tiles * (inter / kWideWgRows) >= kMinWideWaves * num_sms
           ? kWideWgRows
           : kWgRows;
   t.gate_up_blocks = static_cast<int>(ceil_div(inter, t.gate_up_rows));
@@ -429,7 +390,7 @@ inline MoeTiling moe_tiling(int num_tokens, int topk, int num_local_experts,
   const int64_t gate_up_slots = int64_t(num_sms) * t.gate_up_ctas_per_sm;
   // Column blocks per gate-up CTA: with many waves of unsplit CTAs, a CTA
   // takes kMaxGateUpGroup blocks in turn, its ring running on across them.
-  t.gate_up_group = t.token_major ? kTokenMajorGateUpGroup : 1;
+  t.gate_up_group = 1;
   while (split == 1 && t.gate_up_rows == kWgRows &&
          !gemm_one_block_per_cta(t.token_tile, t.gate_up_ctas_per_sm) &&
          t.gate_up_group < kMaxGateUpGroup &&
@@ -490,17 +451,10 @@ inline const char* tiling_error(const MoeTiling& t, int num_tokens, int topk,
   if (t.gate_up_group < 1 || (t.gate_up_group > 1 && t.gate_up_split > 1)) {
     return "gate-up grouping out of range";
   }
-  if (t.token_major) {
-    if (!block_wise || t.token_tile != kTokenMajorTile ||
-        t.gate_up_rows != kTokenMajorGateUpColumns ||
-        t.gate_up_group != kTokenMajorGateUpGroup || t.gate_up_split != 1 ||
-        t.slot_tiles || t.decode) {
-      return "token-major tiling out of range";
-    }
-  } else if (t.gate_up_rows != kWgRows &&
-             (t.gate_up_rows != kWideWgRows ||
-              t.token_tile != kThreeQuarterTokenTile || block_wise ||
-              t.gate_up_group != 1 || t.gate_up_split != 1)) {
+  if (t.gate_up_rows != kWgRows &&
+      (t.gate_up_rows != kWideWgRows ||
+       t.token_tile != kThreeQuarterTokenTile || block_wise ||
+       t.gate_up_group != 1 || t.gate_up_split != 1)) {
     return "gate-up warpgroup rows out of range";
   }
   // Each GEMM's count for its tile and scaling (the launch instantiates no
@@ -517,7 +471,7 @@ inline const char* tiling_error(const MoeTiling& t, int num_tokens, int topk,
       (t.gate_up_group != 1 || t.gate_up_split != 1)) {
     return "gate-up grouping out of range";
   }
-  if (block_wise && !t.token_major && t.token_tile > kMaxBlockWiseTokenTile) {
+  if (block_wise && t.token_tile > kMaxBlockWiseTokenTile) {
     return "token tile too wide for block-wise scaling";
   }
   if (t.slot_tiles && int64_t(num_tokens) * topk > kSlotTilesMaxSlots) {

@@ -191,17 +191,6 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=200, topk=2),
         spare=0,
     ),
-    # ~250 rows per expert, block-wise: token-major 128-token tiles (the
-    # second tile of each expert partly filled), gate-up CTAs of one
-    # 128-column scale group, down blocks of 128 rows.
-    dict(
-        name="block-128-token-major",
-        weights=dict(
-            num_experts=8, hidden_size=512, intermediate_size=256, block_wise=True
-        ),
-        inputs=dict(num_tokens=1000, topk=2),
-        spare=0,
-    ),
     # ~50 rows per expert, per-tensor: 64-token tiles, the gate-up GEMM's
     # CTAs two per SM with one column block each, staging their epilogue in
     # their stage buffers.

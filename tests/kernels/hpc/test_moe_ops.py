@@ -702,28 +702,21 @@ def test_tiling_invariants(config: str, sms: int, block_wise: bool) -> None:
         t = hpc_ops.moe_tiling(
             tokens, topk, local, experts, hidden, inter, sms, block_wise
         )
-        # Block-wise scaling keeps a second accumulator: 64 tokens at most,
-        # or 128 on the token-major tiles (tokens the wgmma M side).
+        # Block-wise scaling keeps a second accumulator: 64 tokens at most.
         widths = (8, 16, 32, 64) if block_wise else (8, 16, 32, 64, 96, 128)
-        assert t.token_tile in widths or (t.token_major and t.token_tile == 128)
-        if t.token_major:
-            # Block-wise, routed, unsplit; gate-up blocks of 64 columns two
-            # a CTA (one scale group), down blocks of 128 rows.
-            assert block_wise and inter % 128 == 0
-            assert not (t.decode or t.slot_tiles) and t.gate_up_split == 1
-            assert (t.gate_up_rows, t.gate_up_group) == (64, 2)
+        assert t.token_tile in widths
         if tokens in W3_TOKENS:  # ascending
             assert t.token_tile >= last_tile
             last_tile = t.token_tile
         # Gate-up warpgroups of 192 rows: 96-token tiles, per-tensor, an
         # intermediate of whole 192-column blocks, one block a CTA.
-        assert t.gate_up_rows in (128, 192) or t.token_major
+        assert t.gate_up_rows in (128, 192)
         if t.gate_up_rows == 192:
             assert t.token_tile == 96 and not block_wise and inter % 192 == 0
             assert t.gate_up_group == 1 and t.gate_up_split == 1
             assert t.max_tiles * t.gate_up_blocks >= 2 * sms
         assert t.gate_up_blocks == math.ceil(inter / t.gate_up_rows)
-        assert t.down_blocks == math.ceil(hidden / (128 if t.token_major else 256))
+        assert t.down_blocks == math.ceil(hidden / 256)
         # Down CTAs take whole groups of row blocks, none of them empty.
         assert 1 <= t.down_group <= t.down_blocks
         groups = math.ceil(t.down_blocks / t.down_group)
@@ -888,21 +881,7 @@ def test_tiling_w3_choices() -> None:
     assert tiling("tp1", 2048).token_tile == 96
     assert tiling("tp1", 2600).token_tile == 128
     assert tiling("tp1", 16384).token_tile == 128
-    # Block-wise, 171 rows an expert stay in three 64-token tiles (two
-    # token-major ones would be a third empty); the 32K prompt's 1365 rows
-    # at TP1 take token-major 128-token tiles (an EP8 rank's likewise).
-    for config in ("tp1", "ep8"):
-        assert not tiling(config, 4096, block_wise=True).token_major
-        t = tiling(config, 32768, block_wise=True)
-        assert t.token_major and t.token_tile == 128
-        assert (t.gate_up_rows, t.gate_up_group) == (64, 2)
-        assert t.gate_up_blocks == W3_CONFIGS[config][4] // 64
-        assert t.down_blocks == W3_CONFIGS[config][3] // 128
     assert tiling("tp1", 4096, block_wise=True).token_tile == 64
-    # Not with an intermediate of partial 128-column scale groups (I = 192).
-    assert not tiling("tp8", 32768, block_wise=True).token_major
-    assert tiling("tp1", 1024, block_wise=True).token_tile == 64
-    assert not tiling("tp1", 4096).token_major  # per-tensor: 96-token tiles
     assert tiling("tp1", 1024).token_tile == 64
     # The decode path: one token at TP8 (8 experts x 24 chunks of 8 columns
     # fill 192 of 264 CTA slots) and on an EP rank; not at TP1 (8 x 192
