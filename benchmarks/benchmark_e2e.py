@@ -50,6 +50,11 @@ backend's step time goes against another's; the decode records then carry
 attention kernels per layer (``ATTENTION_KERNELS``), and
 ``fused_prologue_calls_per_layer``, the launches of the fused prologue's
 kernel per layer and step (1 where HpcRopeNorm or a fusion pass fused it).
+It also profiles one more prefill of the long prompt after the timed ones
+(``prefill_kernels``, ``prefill_device_us``); the ``E2E_MOE`` records then carry
+``device_us``, the device time of all kernels in the profiled step, whose ratio
+between MoE backends holds apart from the host's share and from the spread of
+wall-clock time between runs (``device_ratios`` on the hpc record).
 With ``--trace`` the profiled steps' timeline is written too, one gzipped
 Chrome trace per run in the output directory: the order of the host's work
 and the kernels within a step, which the tables do not keep.
@@ -87,6 +92,8 @@ MOE_MODELS = ("hy3",)
 
 # A run's timed phases and the fields holding their times.
 TIMED_FIELDS = (("decode", "decode_step_us"), ("prefill", "prefill_us"))
+# The device time of a profiled step of each (--profile).
+DEVICE_FIELDS = {"decode": "decode_device_us_per_step", "prefill": "prefill_device_us"}
 
 LONG_PROMPT = 32768
 SHORT_PROMPT = 4096
@@ -446,6 +453,13 @@ def run_one(
         engine.add_request(f"prefill-{i}", _prompt(rng, LONG_PROMPT), params)
         ttft.append(sum(_step_until_done(engine)[0]))
     result["prefill_us"] = statistics.median(ttft[1:]) * 1e6  # the first warms up
+    if profile:
+        # One more, profiled: the prompt is one step (max_num_batched_tokens).
+        engine.add_request("prefill-profiled", _prompt(rng, LONG_PROMPT), params)
+        _, table = _step_until_done(engine, range(0, 1))
+        assert table is not None
+        result["prefill_kernels"] = table["kernels"]
+        result["prefill_device_us"] = table["device_us_per_step"]
     path.write_text(json.dumps(result))
 
 
@@ -536,10 +550,19 @@ def _moe_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         for what, field in TIMED_FIELDS:
             timings = {impl: run[field] for impl, run in ran.items()}
+            devices = {
+                impl: run[DEVICE_FIELDS[what]]
+                for impl, run in ran.items()
+                if DEVICE_FIELDS[what] in run
+            }
             for impl, us in timings.items():
                 extra: dict[str, Any] = {"init_s": ran[impl]["init_s"]}
+                if impl in devices:
+                    extra["device_us"] = devices[impl]
                 if impl == "hpc":
                     extra["ratios"] = bench_utils.ratios_over(timings, "hpc")
+                    if len(devices) == len(ran):
+                        extra["device_ratios"] = bench_utils.ratios_over(devices, "hpc")
                 records.append(
                     bench_utils.make_record(
                         "E2E_MOE",

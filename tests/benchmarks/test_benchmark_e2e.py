@@ -122,6 +122,8 @@ def test_moe_backend_records_stand_apart():
     }
     assert moe[("hy3-bf16-flash_attn-prefill", "hpc")]["ratios"] == {"vllm_moe": 1.25}
     assert moe[("hy3-bf16-flash_attn-decode", "hpc")]["ratios"] == {"vllm_moe": 1.1}
+    # Unprofiled runs: no device times.
+    assert not any("device_us" in r or "device_ratios" in r for r in moe.values())
     # The attention tables keep the --moe-backend hpc runs only.
     e2e_records = {(r["case"], r["impl"]) for r in records if r["workload"] == "E2E"}
     assert e2e_records == {
@@ -132,6 +134,29 @@ def test_moe_backend_records_stand_apart():
     }
     assert e2e.run_name(runs[1]) == "hy3-bf16-FLASH_ATTN-moe-vllm"
     assert e2e.run_name(runs[0]) == "hy3-bf16-FLASH_ATTN"
+
+
+def test_moe_backend_records_carry_profiled_device_time():
+    logprobs = [{"5": -1.0}]
+    device = {"decode_device_us_per_step": 80.0, "prefill_device_us": 300.0}
+    runs = [
+        _run("FLASH_ATTN", 100.0, 400.0, [5], logprobs) | {"moe": "hpc"} | device,
+        _run("FLASH_ATTN", 110.0, 500.0, [5], logprobs)
+        | {"moe": "vllm", "decode_device_us_per_step": 100.0},
+    ]
+    moe = {
+        (r["case"], r["impl"]): r
+        for r in e2e._records(runs, layers=2)
+        if r["workload"] == "E2E_MOE"
+    }
+    hpc_prefill = moe[("hy3-bf16-flash_attn-prefill", "hpc")]
+    assert hpc_prefill["device_us"] == 300.0
+    # vLLM's run has no profiled prefill: no device ratio for it.
+    assert "device_ratios" not in hpc_prefill
+    assert "device_us" not in moe[("hy3-bf16-flash_attn-prefill", "vllm_moe")]
+    hpc_decode = moe[("hy3-bf16-flash_attn-decode", "hpc")]
+    assert hpc_decode["device_ratios"] == {"vllm_moe": 1.25}
+    assert moe[("hy3-bf16-flash_attn-decode", "vllm_moe")]["device_us"] == 100.0
 
 
 def test_fusion_passes_are_vllm_flags():
