@@ -90,10 +90,12 @@ MOE_BACKENDS: dict[str, str | None] = {"hpc": "hpc", "vllm": None}
 MOE_IMPL_NAMES = {"hpc": "hpc", "vllm": "vllm_moe"}
 MOE_MODELS = ("hy3",)
 
-# A run's timed phases and the fields holding their times.
-TIMED_FIELDS = (("decode", "decode_step_us"), ("prefill", "prefill_us"))
-# The device time of a profiled step of each (--profile).
-DEVICE_FIELDS = {"decode": "decode_device_us_per_step", "prefill": "prefill_device_us"}
+# A run's timed phases: the fields holding their wall-clock times and the
+# device times of their profiled steps (--profile).
+TIMED_FIELDS = (
+    ("decode", "decode_step_us", "decode_device_us_per_step"),
+    ("prefill", "prefill_us", "prefill_device_us"),
+)
 
 LONG_PROMPT = 32768
 SHORT_PROMPT = 4096
@@ -548,12 +550,12 @@ def _moe_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         }
         if len(ran) < 2:
             continue
-        for what, field in TIMED_FIELDS:
+        for what, field, device_field in TIMED_FIELDS:
             timings = {impl: run[field] for impl, run in ran.items()}
             devices = {
-                impl: run[DEVICE_FIELDS[what]]
+                impl: run[device_field]
                 for impl, run in ran.items()
-                if DEVICE_FIELDS[what] in run
+                if device_field in run
             }
             for impl, us in timings.items():
                 extra: dict[str, Any] = {"init_s": ran[impl]["init_s"]}
@@ -585,7 +587,7 @@ def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
     by_key = {(r["model"], r["kv"], r["backend"]): r for r in runs if "error" not in r}
     for model, kv in sorted({(r["model"], r["kv"]) for r in runs}):
         hpc = by_key.get((model, kv, "HPC_ATTN"))
-        for what, field in TIMED_FIELDS:
+        for what, field, _ in TIMED_FIELDS:
             timings = {
                 IMPL_NAMES[b]: by_key[(model, kv, b)][field]
                 for b in IMPL_NAMES
