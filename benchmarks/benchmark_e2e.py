@@ -282,14 +282,18 @@ def _kernel_table(profiler: Any, steps: int) -> dict[str, Any]:
     """Per step: the kernels that took the most device time, the device
     time of all kernels, and the host-side operators that took the most CPU
     time of their own (a step is synchronous, so its time is the host's work
-    plus the device's)."""
+    plus the device's). Only device events count as device time: the
+    profiler also gives each host operator the time of the kernels it
+    launched, which would count them twice."""
+    from torch.autograd import DeviceType
+
     kernels = []
     host = []
     device_total = 0.0
     prologue_calls = 0
     for event in profiler.key_averages():
         device_us = getattr(event, "self_device_time_total", 0.0)
-        if device_us > 0:
+        if event.device_type != DeviceType.CPU and device_us > 0:
             device_total += device_us
             if PROLOGUE_KERNEL in event.key:
                 prologue_calls += event.count

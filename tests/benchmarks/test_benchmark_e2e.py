@@ -198,7 +198,11 @@ class _FakeProfiler:
         Path(path).write_text('{"traceEvents": []}')
 
     def key_averages(self):
-        event = types.SimpleNamespace
+        from torch.autograd import DeviceType
+
+        def event(device_type=DeviceType.CUDA, **fields):
+            return types.SimpleNamespace(device_type=device_type, **fields)
+
         return [
             event(
                 key="decode_kernel",
@@ -212,6 +216,15 @@ class _FakeProfiler:
                 self_cpu_time_total=0.0,
                 count=8,
             ),
+            # The host operator that launched "gemm": the profiler gives it
+            # its kernels' device time too, which must not count twice.
+            event(
+                device_type=DeviceType.CPU,
+                key="aten::mm",
+                self_device_time_total=900.0,
+                self_cpu_time_total=30.0,
+                count=8,
+            ),
             event(
                 key="void hpc::rope_norm::rope_norm_kernel<bf16, 128>(...)",
                 self_device_time_total=8.0,
@@ -219,13 +232,18 @@ class _FakeProfiler:
                 count=4,
             ),
             event(
+                device_type=DeviceType.CPU,
                 key="host_only",
                 self_device_time_total=0.0,
                 self_cpu_time_total=50.0,
                 count=2,
             ),
             event(
-                key="idle", self_device_time_total=0.0, self_cpu_time_total=0.0, count=1
+                device_type=DeviceType.CPU,
+                key="idle",
+                self_device_time_total=0.0,
+                self_cpu_time_total=0.0,
+                count=1,
             ),
         ]
 
@@ -273,7 +291,8 @@ def test_profiled_steps_are_not_timed(monkeypatch: pytest.MonkeyPatch):
         ],
         "device_us_per_step": 604.0,
         "host_ops": [
-            {"op": "host_only", "cpu_us_per_step": 25.0, "calls_per_step": 1.0}
+            {"op": "host_only", "cpu_us_per_step": 25.0, "calls_per_step": 1.0},
+            {"op": "aten::mm", "cpu_us_per_step": 15.0, "calls_per_step": 4.0},
         ],
         "prologue_calls_per_step": 2.0,
     }
