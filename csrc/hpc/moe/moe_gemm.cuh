@@ -6,13 +6,14 @@
 // tokens the B operand (N = kTokens, 8..128), both K-major FP8 in shared
 // memory with the 128-byte swizzle. Roles:
 //
-//   producer warp   TMA for the weight rows (a 4-D tensor map per weight,
+//   producer        TMA for the weight rows (a 4-D tensor map per weight,
 //                   out-of-range rows and k zero-filled), cp.async for the
-//                   token rows, gathered through the route's row list and
-//                   arriving on the stage's barrier as they land (TMA for
-//                   the down GEMM's routed tiles, whose rows are
-//                   consecutive); one mbarrier ring of kStages k-blocks of
-//                   128
+//                   token rows, gathered through the route's row list by
+//                   every producer thread (a warp, or a warpgroup for tiles
+//                   of 64 tokens or more) and arriving on the stage's
+//                   barrier as they land (TMA for the down GEMM's routed
+//                   tiles, whose rows are consecutive); one mbarrier ring of
+//                   kStages k-blocks of 128
 //   2 consumer WGs  per-tensor calls: wgmma accumulating in place (one
 //                   k-block's in flight while the next is issued, where a
 //                   tile has 3 stages or more), and the scales applied once
@@ -93,7 +94,7 @@ struct GemmConfig {
   // A CTA of two consumer warpgroups and a producer warp gets at most 168
   // registers a thread from ptxas (the 96- and 128-token tiles use all of
   // them; 64-token tiles spill). A CTA alone on its SM with tiles of 64
-  // tokens or more has a producer warpgroup instead (one warp copies),
+  // tokens or more has a producer warpgroup instead (all of it copies),
   // which hands its registers to the consumers (setmaxnreg); wide
   // warpgroups' 144 accumulators need that. 32-token tiles fit in 168
   // without spilling, and there the fourth warpgroup only costs.
@@ -107,10 +108,16 @@ struct GemmConfig {
   // the CTA's own warps, so the budgets below must fit in it: an increase
   // that does not waits forever.
   static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
+  // Threads that copy a stage's token rows (and scales) by cp.async: the
+  // whole producer warpgroup where there is one. A lone warp takes longer
+  // to issue a 64-token stage's 512 16-byte copies than the consumers take
+  // to use the stage (benchmarks/notes/moe.md, the ring timeline).
+  static constexpr int kCopyThreads = kProducerWarpgroup ? 128 : 32;
+  static constexpr int kChunksPerThread =
+      kTokens * (kTileK / 16) / kCopyThreads;
   // The producer keeps a 64-bit token-row address per 16-byte chunk it
-  // copies a stage (kChunksPerLane); the consumers get the rest.
-  static constexpr int kProducerRegs =
-      (2 * kTokens * (kTileK / 16) / 32 + 40 + 7) / 8 * 8;
+  // copies a stage (kChunksPerThread); the consumers get the rest.
+  static constexpr int kProducerRegs = (2 * kChunksPerThread + 40 + 7) / 8 * 8;
   static constexpr int kConsumerRegs =
       (kThreads * kLaunchRegs - 128 * kProducerRegs) / kConsumerThreads / 8 * 8;
   static_assert(!kProducerWarpgroup ||
@@ -169,7 +176,6 @@ struct GemmConfig {
   static constexpr int kTokenScalesBytes =
       kOverlappedFold ? kStages * kTokens * 4 : 0;
   static constexpr int kBytes = kTokenScalesOffset + kTokenScalesBytes + 1024;
-  static constexpr int kChunksPerLane = kTokens * (kTileK / 16) / 32;
   // kCtasPerSm CTAs fit in an SM's 228 KB, with 1 KB reserved per CTA and
   // the static shared memory (barriers, the tile's rows, sources and
   // scales, find_slot_tile()'s tables; by ptxas 0.8-0.9 KB for the narrow
@@ -228,12 +234,12 @@ __device__ __forceinline__ void cp_async_zfill(void* smem, const void* gmem,
   }
 }
 
-// Whether the producer warp's lanes arrive on each stage's full barrier
-// once their cp.async copies land (token rows gathered, or the token scales
-// of kOverlappedFold), beside the weights' (and the TMA token rows')
-// expect_tx.
+// Whether the producer's copy threads (GemmConfig::kCopyThreads) arrive on
+// each stage's full barrier once their cp.async copies land (token rows
+// gathered, or the token scales of kOverlappedFold), beside the weights'
+// (and the TMA token rows') expect_tx.
 template <class Config>
-__device__ __forceinline__ bool lanes_copy_stages(bool tma_token_rows) {
+__device__ __forceinline__ bool threads_copy_stages(bool tma_token_rows) {
   return !tma_token_rows || Config::kOverlappedFold;
 }
 
@@ -287,8 +293,9 @@ __device__ void load_token_rows(const CUtensorMap* token_rows,
       kb * kTileK, tile.row0, 0, 0);
 }
 
-// Producer warp: weight rows by TMA (the first kStages k-blocks' already
-// issued by the kernel), token rows by cp.async (with `token_rows`, by TMA:
+// Producer threads (GemmConfig::kCopyThreads): weight rows by TMA from one
+// thread (the first kStages k-blocks' already issued by the kernel), token
+// rows by cp.async from all (with `token_rows`, by TMA from one:
 // load_token_rows()), and with kOverlappedFold the tile's activation
 // scales of the k-block (0 past its rows), for every k-block of `range`.
 template <bool kGateUp, class Config>
@@ -296,7 +303,10 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                             const CUtensorMap* token_rows, const TileInfo& tile,
                             const int64_t* src, const WorkRange& range,
                             uint8_t* smem, uint64_t* full, uint64_t* empty) {
-  const int lane = threadIdx.x % 32;
+  constexpr int kCopyThreads = Config::kCopyThreads;
+  static_assert(kConsumerThreads % kCopyThreads == 0);
+  const int copier = threadIdx.x % kCopyThreads;
+  const bool tma_issuer = copier == 0;
   const int K = kGateUp ? p.hidden : p.inter;
   const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
   auto tokens = cute::make_tensor(
@@ -304,25 +314,27 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
           reinterpret_cast<typename Config::Fp8*>(smem + Config::kWeightBytes)),
       typename Config::TokenLayout{});
 
-  // This lane's 16-byte chunks of the token tile: row, k chunk, source
+  // This thread's 16-byte chunks of the token tile: row, k chunk, source
   // (kept for every stage).
-  auto chunk_row = [&](int i) { return (i * 32 + lane) / (kTileK / 16); };
-  auto chunk_k = [&](int i) { return (i * 32 + lane) % (kTileK / 16) * 16; };
+  auto chunk = [&](int i) { return i * kCopyThreads + copier; };
+  auto chunk_row = [&](int i) { return chunk(i) / (kTileK / 16); };
+  auto chunk_k = [&](int i) { return chunk(i) % (kTileK / 16) * 16; };
   auto chunk_source = [&](int i) -> const uint8_t* {
     const int row = chunk_row(i);
     return row < tile.rows ? source.base + src[row] * source.stride + chunk_k(i)
                            : nullptr;
   };
-  const uint8_t* chunk_src[Config::kChunksPerLane];
+  const uint8_t* chunk_src[Config::kChunksPerThread];
 #pragma unroll
-  for (int i = 0; i < Config::kChunksPerLane; ++i) {
+  for (int i = 0; i < Config::kChunksPerThread; ++i) {
     chunk_src[i] = chunk_source(i);
   }
 
-  // Each lane's token copies of a stage arrive on the stage's full barrier
-  // once they land (one of its 32 lane arrivals), so the producer never
-  // waits for its own copies: it only waits for a stage's release before
-  // refilling it, and every stage not being read has its copies in flight.
+  // Each thread's token copies of a stage arrive on the stage's full
+  // barrier once they land (one of kCopyThreads arrivals), so the producer
+  // never waits for its own copies: it only waits for a stage's release
+  // before refilling it, and every stage not being read has its copies in
+  // flight.
   const int n = range.size();
   int stage = 0;
   uint32_t phase = 0;
@@ -330,14 +342,14 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
     const int kb = range.kb(i);
     if (i >= Config::kStages) {
       EmptyBarrier::wait(&empty[stage], phase ^ 1);
-      if (lane == 0) {
+      if (tma_issuer) {
         load_weights<kGateUp, Config>(
             p, weights, tile, block_row<kGateUp, Config>(range.block(i)), kb,
             stage, full, smem);
       }
     }
     if (token_rows) {
-      if (lane == 0) {
+      if (tma_issuer) {
         load_token_rows<Config>(token_rows, tile, kb, stage, full, smem);
       }
     } else {
@@ -347,20 +359,20 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
                            valid ? from + kb * kTileK : source.base, valid);
       };
 #pragma unroll
-      for (int c = 0; c < Config::kChunksPerLane; ++c) {
+      for (int c = 0; c < Config::kChunksPerThread; ++c) {
         copy_chunk(c, chunk_src[c]);
       }
     }
     if constexpr (Config::kOverlappedFold) {
       float* scales = reinterpret_cast<float*>(
           smem + Config::kTokenScalesOffset + stage * Config::kTokens * 4);
-      for (int t = lane; t < Config::kTokens; t += 32) {
+      for (int t = copier; t < Config::kTokens; t += kCopyThreads) {
         const bool valid = t < tile.rows;
         cp_async_zfill<4>(&scales[t],
                           source.scale.address(valid ? src[t] : 0, kb), valid);
       }
     }
-    if (lanes_copy_stages<Config>(token_rows != nullptr)) {
+    if (threads_copy_stages<Config>(token_rows != nullptr)) {
       cp_async_arrive_on_landing(&full[stage]);
     }
     if (++stage == Config::kStages) {

@@ -69,11 +69,12 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
 #pragma unroll
     for (int s = 0; s < Config::kStages; ++s) {
       // The weights' expect_tx, the TMA token rows' one more, and the
-      // producer lanes' cp.async arrivals (lanes_copy_stages()).
-      FullBarrier::init(
-          &full[s],
-          (tma_tokens ? 2 : 1) +
-              (lanes_copy_stages<Config>(tma_tokens != nullptr) ? 32 : 0));
+      // producer's cp.async arrivals (threads_copy_stages()).
+      FullBarrier::init(&full[s],
+                        (tma_tokens ? 2 : 1) +
+                            (threads_copy_stages<Config>(tma_tokens != nullptr)
+                                 ? Config::kCopyThreads
+                                 : 0));
       EmptyBarrier::init(&empty[s], kConsumerThreads / 32);
     }
     if (split > 1) {
@@ -134,18 +135,17 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
   }
   __syncthreads();
 
-  // The producer: warp kConsumerThreads / 32 copies (with a producer
-  // warpgroup, the rest of it hands its registers over too, and leaves).
+  // The producer: a warp, or a warpgroup that hands its registers over to
+  // the consumers; all of it copies (GemmConfig::kCopyThreads).
   if (warp >= kConsumerThreads / 32) {
     if constexpr (Config::kProducerWarpgroup) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     }
-    if (warp == kConsumerThreads / 32) {
-      load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
-                                   range, smem, full, empty);
-      if (kTokens == kMinTokenTile && split > 1) {
-        leave_split_cluster();  // beside merge_split_k()'s threads
-      }
+    static_assert(Config::kThreads == kConsumerThreads + Config::kCopyThreads);
+    load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
+                                 range, smem, full, empty);
+    if (kTokens == kMinTokenTile && split > 1) {
+      leave_split_cluster();  // beside merge_split_k()'s threads
     }
     return;
   }
