@@ -200,51 +200,28 @@ class _FakeProfiler:
     def key_averages(self):
         from torch.autograd import DeviceType
 
-        def event(device_type=DeviceType.CUDA, **fields):
-            return types.SimpleNamespace(device_type=device_type, **fields)
-
+        cuda, cpu = DeviceType.CUDA, DeviceType.CPU
+        rope = "void hpc::rope_norm::rope_norm_kernel<bf16, 128>(...)"
+        # (key, device type, self device us, self CPU us, count). aten::mm
+        # launched "gemm": the profiler gives the host operator its kernels'
+        # device time too, which must not count twice.
+        rows = [
+            ("decode_kernel", cuda, 300.0, 0.0, 4),
+            ("gemm", cuda, 900.0, 0.0, 8),
+            ("aten::mm", cpu, 900.0, 30.0, 8),
+            (rope, cuda, 8.0, 0.0, 4),
+            ("host_only", cpu, 0.0, 50.0, 2),
+            ("idle", cpu, 0.0, 0.0, 1),
+        ]
         return [
-            event(
-                key="decode_kernel",
-                self_device_time_total=300.0,
-                self_cpu_time_total=0.0,
-                count=4,
-            ),
-            event(
-                key="gemm",
-                self_device_time_total=900.0,
-                self_cpu_time_total=0.0,
-                count=8,
-            ),
-            # The host operator that launched "gemm": the profiler gives it
-            # its kernels' device time too, which must not count twice.
-            event(
-                device_type=DeviceType.CPU,
-                key="aten::mm",
-                self_device_time_total=900.0,
-                self_cpu_time_total=30.0,
-                count=8,
-            ),
-            event(
-                key="void hpc::rope_norm::rope_norm_kernel<bf16, 128>(...)",
-                self_device_time_total=8.0,
-                self_cpu_time_total=0.0,
-                count=4,
-            ),
-            event(
-                device_type=DeviceType.CPU,
-                key="host_only",
-                self_device_time_total=0.0,
-                self_cpu_time_total=50.0,
-                count=2,
-            ),
-            event(
-                device_type=DeviceType.CPU,
-                key="idle",
-                self_device_time_total=0.0,
-                self_cpu_time_total=0.0,
-                count=1,
-            ),
+            types.SimpleNamespace(
+                key=key,
+                device_type=device_type,
+                self_device_time_total=device_us,
+                self_cpu_time_total=cpu_us,
+                count=count,
+            )
+            for key, device_type, device_us, cpu_us, count in rows
         ]
 
 
