@@ -51,7 +51,6 @@ namespace hpc {
 namespace moe {
 
 constexpr int kConsumerThreads = 2 * 128;
-constexpr int kGemmThreads = kConsumerThreads + 32;  // + producer warp
 constexpr int kConsumerBarrier = 1;  // named barrier of both warpgroups
 
 using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
@@ -100,19 +99,18 @@ struct GemmConfig {
   // without spilling, and there the fourth warpgroup only costs.
   static constexpr bool kProducerWarpgroup =
       kCtasPerSm == 1 && kTokens >= kProducerWarpgroupMinTokens;
-  static constexpr int kThreads =
-      kProducerWarpgroup ? kConsumerThreads + 128 : kGemmThreads;
+  // The producer's threads, all of which copy a stage's token rows (and
+  // scales) by cp.async: a lone warp takes longer to issue a 64-token
+  // stage's 512 16-byte copies than the consumers take to use the stage
+  // (benchmarks/notes/moe.md, the ring timeline).
+  static constexpr int kCopyThreads = kProducerWarpgroup ? 128 : 32;
+  static constexpr int kThreads = kConsumerThreads + kCopyThreads;
   // What the CTA is given at launch, per thread: the register file over its
   // threads, in units of 8 (ptxas gives a kernel that uses setmaxnreg all
   // that its launch bounds allow). setmaxnreg only moves registers between
   // the CTA's own warps, so the budgets below must fit in it: an increase
   // that does not waits forever.
   static constexpr int kLaunchRegs = 64 * 1024 / kThreads / 8 * 8;
-  // Threads that copy a stage's token rows (and scales) by cp.async: the
-  // whole producer warpgroup where there is one. A lone warp takes longer
-  // to issue a 64-token stage's 512 16-byte copies than the consumers take
-  // to use the stage (benchmarks/notes/moe.md, the ring timeline).
-  static constexpr int kCopyThreads = kProducerWarpgroup ? 128 : 32;
   static constexpr int kChunksPerThread =
       kTokens * (kTileK / 16) / kCopyThreads;
   // The producer keeps a 64-bit token-row address per 16-byte chunk it
@@ -306,7 +304,7 @@ __device__ void load_stages(const MoeParams& p, const CUtensorMap* weights,
   constexpr int kCopyThreads = Config::kCopyThreads;
   static_assert(kConsumerThreads % kCopyThreads == 0);
   const int copier = threadIdx.x % kCopyThreads;
-  const bool tma_issuer = copier == 0;
+  const bool tma_issuer = copier == 0;  // the kernel's tma_thread
   const int K = kGateUp ? p.hidden : p.inter;
   const TokenSource<kGateUp> source = TokenSource<kGateUp>::make(p);
   auto tokens = cute::make_tensor(

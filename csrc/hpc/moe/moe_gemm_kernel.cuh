@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
                     const __grid_constant__ CUtensorMap token_rows) {
   using namespace cute;
   constexpr int kTokens = Config::kTokens;
-  static_assert(kGemmThreads >= kSlotTilesMaxSlots);  // find_slot_tile()
+  static_assert(Config::kThreads >= kSlotTilesMaxSlots);  // find_slot_tile()
   extern __shared__ uint8_t gemm_smem_raw[];
   uint8_t* smem = align_shared<1024>(gemm_smem_raw);
   __shared__ uint64_t full[Config::kStages];
@@ -141,7 +141,6 @@ __global__ void __launch_bounds__(Config::kThreads, Config::kCtasPerSm)
     if constexpr (Config::kProducerWarpgroup) {
       cutlass::arch::warpgroup_reg_dealloc<Config::kProducerRegs>();
     }
-    static_assert(Config::kThreads == kConsumerThreads + Config::kCopyThreads);
     load_stages<kGateUp, Config>(p, &weights, tma_tokens, tile, token_src,
                                  range, smem, full, empty);
     if (kTokens == kMinTokenTile && split > 1) {
