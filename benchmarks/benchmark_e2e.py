@@ -51,10 +51,10 @@ attention kernels per layer (``ATTENTION_KERNELS``), and
 ``fused_prologue_calls_per_layer``, the launches of the fused prologue's
 kernel per layer and step (1 where HpcRopeNorm or a fusion pass fused it).
 It also profiles one more prefill of the long prompt after the timed ones
-(``prefill_kernels``, ``prefill_device_us``); the ``E2E_MOE`` records then carry
-``device_us``, the device time of all kernels in the profiled step, whose ratio
-between MoE backends holds apart from the host's share and from the spread of
-wall-clock time between runs (``device_ratios`` on the hpc record).
+(``prefill_kernels``, ``prefill_device_us``); the ``E2E`` and ``E2E_MOE`` records
+then carry ``device_us``, the device time of all kernels in the profiled step,
+whose ratio between backends holds apart from the host's share and from the
+spread of wall-clock time between runs (``device_ratios`` on the hpc record).
 With ``--trace`` the profiled steps' timeline is written too, one gzipped
 Chrome trace per run in the output directory: the order of the host's work
 and the kernels within a step, which the tables do not keep.
@@ -537,6 +537,21 @@ def attention_us_per_layer(run: dict[str, Any], layers: int) -> float | None:
     return round(total / layers, 2)
 
 
+def _device_fields(
+    ran: dict[str, dict[str, Any]], device_field: str, impl: str
+) -> dict[str, Any]:
+    """The profiled device time of ``impl``'s run among ``ran`` (runs by impl
+    name, side by side) and, on the hpc record, its ratios to the others'
+    when every run has one."""
+    devices = {i: run[device_field] for i, run in ran.items() if device_field in run}
+    fields: dict[str, Any] = {}
+    if impl in devices:
+        fields["device_us"] = devices[impl]
+    if impl == "hpc" and len(devices) == len(ran) > 1:
+        fields["device_ratios"] = bench_utils.ratios_over(devices, "hpc")
+    return fields
+
+
 def _moe_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """E2E_MOE records: a MoE model's runs on each MoE backend side by side,
     for each KV dtype and attention backend that ran on more than one."""
@@ -556,19 +571,11 @@ def _moe_records(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         for what, field, device_field in TIMED_FIELDS:
             timings = {impl: run[field] for impl, run in ran.items()}
-            devices = {
-                impl: run[device_field]
-                for impl, run in ran.items()
-                if device_field in run
-            }
             for impl, us in timings.items():
                 extra: dict[str, Any] = {"init_s": ran[impl]["init_s"]}
-                if impl in devices:
-                    extra["device_us"] = devices[impl]
+                extra |= _device_fields(ran, device_field, impl)
                 if impl == "hpc":
                     extra["ratios"] = bench_utils.ratios_over(timings, "hpc")
-                    if len(devices) == len(ran):
-                        extra["device_ratios"] = bench_utils.ratios_over(devices, "hpc")
                 records.append(
                     bench_utils.make_record(
                         "E2E_MOE",
@@ -591,18 +598,17 @@ def _records(runs: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
     by_key = {(r["model"], r["kv"], r["backend"]): r for r in runs if "error" not in r}
     for model, kv in sorted({(r["model"], r["kv"]) for r in runs}):
         hpc = by_key.get((model, kv, "HPC_ATTN"))
-        for what, field, _ in TIMED_FIELDS:
-            timings = {
-                IMPL_NAMES[b]: by_key[(model, kv, b)][field]
-                for b in IMPL_NAMES
-                if (model, kv, b) in by_key
-            }
+        ran = {
+            IMPL_NAMES[b]: by_key[(model, kv, b)]
+            for b in IMPL_NAMES
+            if (model, kv, b) in by_key
+        }
+        for what, field, device_field in TIMED_FIELDS:
+            timings = {impl: run[field] for impl, run in ran.items()}
             for impl, us in timings.items():
-                extra: dict[str, Any] = {}
-                run = by_key[
-                    (model, kv, next(k for k, v in IMPL_NAMES.items() if v == impl))
-                ]
-                extra["init_s"] = run["init_s"]
+                run = ran[impl]
+                extra: dict[str, Any] = {"init_s": run["init_s"]}
+                extra |= _device_fields(ran, device_field, impl)
                 attn_us = attention_us_per_layer(run, layers)
                 if what == "decode" and attn_us is not None:
                     extra["attn_kernel_us_per_layer"] = attn_us

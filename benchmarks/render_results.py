@@ -140,6 +140,10 @@ def render_file(name: str, data: dict[str, Any]) -> list[str]:
             _fmt_number(r.get("fraction_of_floor"), 3, significant=True),
             _fmt_ratios(r.get("ratios")),
         ]
+        # Profiled E2E steps: the ratios of the kernels' device time too.
+        device = _fmt_ratios(r.get("device_ratios"))
+        if device:
+            cells[-1] += f" (device time: {device})"
         if r.get("us") is None and r.get("error"):
             cells[-1] = f"not timed: {r['error']}"
         lines.append("| " + " | ".join(_escape(c) for c in cells) + " |")

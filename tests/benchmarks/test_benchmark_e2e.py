@@ -159,6 +159,27 @@ def test_moe_backend_records_carry_profiled_device_time():
     assert moe[("hy3-bf16-flash_attn-decode", "vllm_moe")]["device_us"] == 100.0
 
 
+def test_attention_records_carry_profiled_device_time():
+    logprobs = [{"5": -1.0}]
+    runs = [
+        _run("HPC_ATTN", 100.0, 400.0, [5], logprobs)
+        | {"decode_device_us_per_step": 60.0, "prefill_device_us": 300.0},
+        _run("FLASH_ATTN", 90.0, 500.0, [5], logprobs)
+        | {"decode_device_us_per_step": 75.0},
+    ]
+    records = {(r["case"], r["impl"]): r for r in e2e._records(runs, layers=2)}
+    hpc_decode = records[("hy3-bf16-decode", "hpc")]
+    # Slower by the wall clock, faster on the device.
+    assert hpc_decode["ratios"] == {"flash_attn": 0.9}
+    assert hpc_decode["device_us"] == 60.0
+    assert hpc_decode["device_ratios"] == {"flash_attn": 1.25}
+    assert records[("hy3-bf16-decode", "flash_attn")]["device_us"] == 75.0
+    assert "device_ratios" not in records[("hy3-bf16-decode", "flash_attn")]
+    # FLASH_ATTN's prefill was not profiled: no device ratio.
+    assert records[("hy3-bf16-prefill", "hpc")]["device_us"] == 300.0
+    assert "device_ratios" not in records[("hy3-bf16-prefill", "hpc")]
+
+
 def test_fusion_passes_are_vllm_flags():
     """The passes the benchmark turns on for HPC_ATTN are PassConfig flags
     of the vLLM it runs with, and each model without HpcRopeNorm has one."""
