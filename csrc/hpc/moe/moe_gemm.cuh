@@ -446,12 +446,18 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   };
 
   // Block-wise: weight rows of this warpgroup, for its 128 x 128 scale
-  // block, and the token of accumulator value (c, j): values are ((column
-  // pair, row half, 8-column group), 64-row block, 1), and the token depends
-  // on the first and third only.
+  // block (0 for a down warpgroup past H, whose rows are not stored: its
+  // scale block would be past the tensor), and the token of accumulator
+  // value (c, j): values are ((column pair, row half, 8-column group),
+  // 64-row block, 1), and the token depends on the first and third only.
   const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
   const int64_t w_row =
       kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * Config::kWgRows;
+  const bool w_rows_stored = kGateUp || w_row < p.hidden;
+  auto weight_scale = [&](int kb) {
+    return w_rows_stored ? w_scale.at(tile.expert, w_row / kScaleBlock, kb)
+                         : 0.f;
+  };
   auto token_of = [&](int c, int j) {
     return get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
   };
@@ -507,12 +513,12 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
     // k-block's, in `done`, folded once its wgmma are complete (the weight
     // scale read a k-block ahead of its fold). Unrolled by two, so that each
     // accumulator's role is fixed where ptxas pipelines the wgmma.
-    float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb_begin);
+    float sw = weight_scale(kb_begin);
     issue(blk0);
     int folded_stage = stage;
     advance();
     auto step = [&](auto& into, auto& done, int kb) {
-      const float next_sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+      const float next_sw = weight_scale(kb);
       issue(into);
       warpgroup_wait<1>();
       fold_stage(done, sw, folded_stage);
@@ -543,7 +549,7 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
       // Loaded before the stage wait so that their latency hides behind
       // it: after the wgmma they would stall every k-block by an L2 round
       // trip.
-      const float sw = w_scale.at(tile.expert, w_row / kScaleBlock, kb);
+      const float sw = weight_scale(kb);
       float scale[kTokens / 8][2];
 #pragma unroll
       for (int j = 0; j < kTokens / 8; ++j) {

@@ -223,6 +223,25 @@ CASES: list[dict[str, object]] = [
         inputs=dict(num_tokens=240, topk=2),
         spare=0,
     ),
+    # The same block-wise, with 64-token tiles (the overlapped fold) and with
+    # 16-token ones (slot tiles): the second warpgroup of a last row block
+    # has no rows and no weight scale block.
+    dict(
+        name="block-half-row-block",
+        weights=dict(
+            num_experts=8, hidden_size=640, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(num_tokens=240, topk=2),
+        spare=0,
+    ),
+    dict(
+        name="block-half-row-block-narrow",
+        weights=dict(
+            num_experts=8, hidden_size=640, intermediate_size=256, block_wise=True
+        ),
+        inputs=dict(num_tokens=40, topk=2),
+        spare=0,
+    ),
     # ~75 rows on each of 96 experts and I = 576: 96-token tiles with
     # 192-row gate-up warpgroups (three column blocks, 288 CTAs: two waves
     # on an H200), the epilogue staged in the stages.
