@@ -249,16 +249,24 @@ __device__ __forceinline__ void cp_async_arrive_on_landing(uint64_t* bar) {
                : "memory");
 }
 
+// Whether consumer warpgroup `wg` has weight rows in the block from row n0.
+// The down GEMM's last row block may end past H (H % 256 == 128): its
+// second warpgroup then gets no rows (no weights, no scales), computes on
+// stale shared memory and stores nothing. (A gate-up block always starts
+// below I.)
+template <bool kGateUp, class Config>
+__device__ __forceinline__ bool warpgroup_has_rows(const MoeParams& p, int n0,
+                                                   int wg) {
+  return kGateUp || n0 + wg * Config::kWgRows < p.hidden;
+}
+
 // Weight boxes of k-block `kb` into `stage`, by one thread: the first
 // stages go out as soon as the tile is known, before the token rows are.
 template <bool kGateUp, class Config>
 __device__ void load_weights(const MoeParams& p, const CUtensorMap* weights,
                              const TileInfo& tile, int n0, int kb, int stage,
                              uint64_t* full, uint8_t* smem) {
-  // The down GEMM's last row block may end past H (H % 256 == 128): its
-  // second warpgroup then gets no rows, computes on stale shared memory and
-  // stores nothing. (A gate-up block always starts below I.)
-  const int boxes = kGateUp || n0 + Config::kWgRows < p.hidden ? 2 : 1;
+  const int boxes = warpgroup_has_rows<kGateUp, Config>(p, n0, 1) ? 2 : 1;
   FullBarrier::arrive_and_expect_tx(&full[stage],
                                     boxes * Config::kWgStageBytes);
   for (int wg = 0; wg < boxes; ++wg) {
@@ -446,17 +454,16 @@ __device__ void mma_stages(const MoeParams& p, const TileInfo& tile, int n0,
   };
 
   // Block-wise: weight rows of this warpgroup, for its 128 x 128 scale
-  // block (0 for a down warpgroup past H, whose rows are not stored: its
-  // scale block would be past the tensor), and the token of accumulator
-  // value (c, j): values are ((column pair, row half, 8-column group),
-  // 64-row block, 1), and the token depends on the first and third only.
+  // block (0 for a warpgroup without rows, whose scale block would be past
+  // the tensor), and the token of accumulator value (c, j): values are
+  // ((column pair, row half, 8-column group), 64-row block, 1), and the
+  // token depends on the first and third only.
   const ScaleView& w_scale = kGateUp ? p.w13_scale : p.w2_scale;
   const int64_t w_row =
       kGateUp ? int64_t(wg) * p.inter + n0 : int64_t(n0) + wg * Config::kWgRows;
-  const bool w_rows_stored = kGateUp || w_row < p.hidden;
+  const bool has_rows = warpgroup_has_rows<kGateUp, Config>(p, n0, wg);
   auto weight_scale = [&](int kb) {
-    return w_rows_stored ? w_scale.at(tile.expert, w_row / kScaleBlock, kb)
-                         : 0.f;
+    return has_rows ? w_scale.at(tile.expert, w_row / kScaleBlock, kb) : 0.f;
   };
   auto token_of = [&](int c, int j) {
     return get<1>(coord(make_coord(make_coord(c, 0, j), 0, 0)));
